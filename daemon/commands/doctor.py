@@ -1,0 +1,82 @@
+"""`slotune doctor`: one line per host check, ✓ or ✗, and the fix for each ✗.
+Exit 0 when the daemon can run (possibly degraded), 1 when it cannot."""
+from __future__ import annotations
+
+import socket
+from urllib.parse import urlparse
+from urllib.request import urlopen
+
+from daemon import kernel_features as kf
+
+NAME = "doctor"
+HELP = "check this host: privileges, BTF, tracefs, BCC, probe kinds, headers, NVML, Prometheus, Redis"
+EXAMPLES = """  slotune doctor
+  slotune doctor --prometheus-url http://127.0.0.1:9090 --redis-url redis://127.0.0.1:6379
+  sudo slotune doctor || journalctl -u slotune   # exit 1 means the daemon cannot run
+"""
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--prometheus-url", help="also check that this Prometheus answers /-/ready")
+    parser.add_argument("--redis-url", help="also check that this Redis answers PING")
+
+
+def check_prometheus(url: str) -> kf.Finding:
+    try:
+        with urlopen(url.rstrip("/") + "/-/ready", timeout=3) as resp:
+            return kf.Finding("Prometheus", True, f"{url} ready (HTTP {resp.status})")
+    except Exception as exc:
+        return kf.Finding("Prometheus", False, f"{url} not reachable: {exc}",
+                          "start Prometheus or fix the URL; slotune keeps its own baseline store meanwhile")
+
+
+def check_redis(url: str) -> kf.Finding:
+    parsed = urlparse(url)
+    host, port = parsed.hostname or "127.0.0.1", parsed.port or 6379
+    try:
+        with socket.create_connection((host, port), timeout=3) as conn:
+            conn.sendall(b"PING\r\n")
+            reply = conn.recv(64)
+        if reply.startswith((b"+PONG", b"-NOAUTH")):
+            return kf.Finding("Redis", True, f"{host}:{port} answers PING")
+        return kf.Finding("Redis", False, f"{host}:{port} answered {reply[:40]!r}", "check the URL points at Redis")
+    except OSError as exc:
+        return kf.Finding("Redis", False, f"{host}:{port} not reachable: {exc}",
+                          "start redis-server or fix the URL (the reference stack's caches need it)")
+
+
+def findings(args) -> list[kf.Finding]:
+    found = [kf.check_privileges(), kf.check_btf(), kf.check_tracefs(), kf.check_headers(),
+             kf.check_memlock()]
+    if found[0].ok and found[2].ok:
+        found += [kf.check_bcc_tracepoint(), kf.check_raw_tracepoint(), kf.check_uprobe(),
+                  kf.check_kprobe(), kf.check_fentry()]
+    else:
+        found.append(kf.Finding("probes", False, "not tried: needs privileges and tracefs first",
+                                "fix the lines above, then run slotune doctor again", required=True))
+    found.append(kf.check_nvml())
+    if args.prometheus_url:
+        found.append(check_prometheus(args.prometheus_url))
+    if args.redis_url:
+        found.append(check_redis(args.redis_url))
+    return found
+
+
+def render(finding: kf.Finding) -> str:
+    line = f"{'✓' if finding.ok else '✗'} {finding.name:<15} {finding.detail}"
+    if not finding.ok and finding.fix:
+        line += f"\n  {'':<15} fix: {finding.fix}"
+    return line
+
+
+def run(args) -> int:
+    found = findings(args)
+    for finding in found:
+        print(render(finding), flush=True)
+    fatal = [f.name for f in found if f.required and not f.ok]
+    if fatal:
+        print(f"\nthe daemon cannot run: {', '.join(fatal)} failed")
+        return 1
+    degraded = [f.name for f in found if not f.ok]
+    print("\nthe daemon can run" + (f", degraded: {', '.join(degraded)} unavailable" if degraded else ""))
+    return 0

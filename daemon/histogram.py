@@ -1,0 +1,96 @@
+"""Latency histograms as the BPF programs keep them: log2 buckets split into
+SUB linear sub-buckets (about 9 % wide), in nanoseconds. Pure arithmetic:
+quantiles, deltas between two reads, and the coarse bounds Prometheus gets."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SUB_BITS = 3
+SUB = 1 << SUB_BITS          # sub-buckets per power of two
+OCTAVES = 40                 # 1 ns .. ~18 min
+SLOTS = OCTAVES * SUB
+
+
+def slot_of(value_ns: int) -> int:
+    """Bucket index for a value; the same arithmetic as bpf/common.h slot_of()."""
+    if value_ns < SUB:
+        return max(int(value_ns), 0)
+    octave = int(value_ns).bit_length() - 1
+    sub = (int(value_ns) >> (octave - SUB_BITS)) & (SUB - 1)
+    return min((octave - SUB_BITS + 1) * SUB + sub, SLOTS - 1)
+
+
+def slot_bounds(slot: int) -> tuple[float, float]:
+    """[low, high) of a bucket, in ns."""
+    if slot < SUB:
+        return float(slot), float(slot + 1)
+    octave = slot // SUB + SUB_BITS - 1
+    sub = slot % SUB
+    width = 1 << (octave - SUB_BITS)
+    low = (1 << octave) + sub * width
+    return float(low), float(low + width)
+
+
+@dataclass
+class Histogram:
+    """Counts per slot (ns). `total_ns` is the exact sum where the source keeps one."""
+    counts: np.ndarray = field(default_factory=lambda: np.zeros(SLOTS, dtype=np.int64))
+    total_ns: float = 0.0
+
+    @classmethod
+    def from_values(cls, values_ns) -> "Histogram":
+        h = cls()
+        for v in values_ns:
+            h.counts[slot_of(int(v))] += 1
+            h.total_ns += float(v)
+        return h
+
+    @property
+    def count(self) -> int:
+        return int(self.counts.sum())
+
+    def minus(self, earlier: "Histogram") -> "Histogram":
+        """What arrived between two cumulative reads (a reset reads as a fresh start)."""
+        delta = self.counts - earlier.counts
+        if (delta < 0).any():
+            return Histogram(self.counts.copy(), self.total_ns)
+        return Histogram(delta, self.total_ns - earlier.total_ns)
+
+    def plus(self, other: "Histogram") -> "Histogram":
+        return Histogram(self.counts + other.counts, self.total_ns + other.total_ns)
+
+    def quantile(self, q: float) -> float:
+        """q-quantile in seconds, linear inside the bucket; NaN when empty."""
+        n = self.count
+        if n == 0:
+            return float("nan")
+        rank = q * n
+        cumulative = np.cumsum(self.counts)
+        slot = int(np.searchsorted(cumulative, rank, side="left"))
+        slot = min(slot, SLOTS - 1)
+        before = cumulative[slot - 1] if slot else 0
+        low, high = slot_bounds(slot)
+        inside = self.counts[slot]
+        frac = (rank - before) / inside if inside else 0.0
+        return (low + (high - low) * min(max(frac, 0.0), 1.0)) / 1e9
+
+    def mean(self) -> float:
+        n = self.count
+        return self.total_ns / n / 1e9 if n else float("nan")
+
+    def prometheus_buckets(self, bounds_s: tuple[float, ...]) -> list[tuple[str, int]]:
+        """Cumulative (le, count) pairs for the given upper bounds in seconds, +Inf last.
+        Bounds should be powers of two in ns so no bucket straddles one."""
+        cumulative = np.cumsum(self.counts)
+        out = []
+        for le in bounds_s:
+            last = slot_of(int(le * 1e9)) - 1
+            out.append((repr(float(le)), int(cumulative[last]) if last >= 0 else 0))
+        out.append(("+Inf", int(cumulative[-1])))
+        return out
+
+
+# Powers of two from ~1 µs to ~34 s: the bucket bounds every slotune latency metric exports.
+EXPORT_BOUNDS_S = tuple((1 << k) / 1e9 for k in range(10, 36))

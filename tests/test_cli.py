@@ -1,0 +1,29 @@
+"""The command line a user meets first: help texts end with real examples."""
+import pytest
+
+from daemon import cli
+from tests.conftest import run_slotune
+
+COMMANDS = [m.NAME for m in cli.subcommand_modules()]
+
+
+def test_top_level_help_ends_with_examples():
+    result = run_slotune("--help")
+    assert result.returncode == 0
+    assert result.stdout.rstrip().splitlines()[-1].strip().startswith("slotune <command> --help")
+    assert "examples:" in result.stdout
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_subcommand_help_ends_with_examples(command):
+    result = run_slotune(command, "--help")
+    assert result.returncode == 0, result.stderr
+    tail = result.stdout[result.stdout.index("examples:"):]
+    example_lines = [l for l in tail.splitlines()[1:] if l.strip()]
+    assert example_lines and all(l.strip().startswith(("slotune", "sudo slotune")) for l in example_lines)
+
+
+def test_unknown_subcommand_is_refused_with_the_choices():
+    result = run_slotune("frobnicate")
+    assert result.returncode == 2
+    assert "invalid choice: 'frobnicate'" in result.stderr and "doctor" in result.stderr

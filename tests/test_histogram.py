@@ -1,0 +1,38 @@
+"""The histogram arithmetic every latency signal goes through."""
+import numpy as np
+
+from daemon.histogram import EXPORT_BOUNDS_S, Histogram, slot_bounds, slot_of
+
+
+def test_every_value_falls_inside_its_bucket():
+    rng = np.random.default_rng(1)
+    for v in rng.integers(0, 1 << 36, 20000):
+        low, high = slot_bounds(slot_of(int(v)))
+        assert low <= v < high
+
+
+def test_quantiles_are_within_five_percent_on_a_lognormal():
+    rng = np.random.default_rng(2)
+    values = rng.lognormal(np.log(5e6), 0.4, 20000)
+    h = Histogram.from_values(values)
+    for q in (0.5, 0.9, 0.99):
+        assert abs(h.quantile(q) * 1e9 / np.quantile(values, q) - 1) < 0.05
+
+
+def test_delta_between_reads_and_counter_reset():
+    first = Histogram.from_values([1000, 2000])
+    later = first.plus(Histogram.from_values([4000]))
+    assert later.minus(first).count == 1 and later.minus(first).total_ns == 4000
+    assert first.minus(later).count == 2  # counts went down: the map was reset
+
+
+def test_prometheus_buckets_are_cumulative_and_end_with_inf():
+    h = Histogram.from_values([1500, 3000, 3000, 5e9])
+    buckets = h.prometheus_buckets(EXPORT_BOUNDS_S)
+    counts = [c for _, c in buckets]
+    assert counts == sorted(counts) and buckets[-1] == ("+Inf", 4)
+    assert dict(buckets)[repr(2048 / 1e9)] == 1  # 1500 ns only
+
+
+def test_empty_histogram_has_no_quantile():
+    assert np.isnan(Histogram().quantile(0.99))
