@@ -1,0 +1,267 @@
+"""The baseline store: per-window points of each service's metrics, kept in one
+SQLite file (WAL, synchronous=FULL, so a kill -9 of the writer loses nothing
+committed), keyed by service, metric, environment and deploy id. It summarises
+and compares them; time always comes in as an argument."""
+from __future__ import annotations
+
+import math
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Iterable, NamedTuple
+
+import numpy as np
+from scipy import stats
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS series (
+    id INTEGER PRIMARY KEY,
+    service TEXT NOT NULL, metric TEXT NOT NULL, environment TEXT NOT NULL, deploy_id TEXT NOT NULL,
+    UNIQUE (service, metric, environment, deploy_id));
+CREATE TABLE IF NOT EXISTS points (
+    series_id INTEGER NOT NULL REFERENCES series(id), t REAL NOT NULL, value REAL NOT NULL,
+    PRIMARY KEY (series_id, t)) WITHOUT ROWID;
+"""
+
+
+class UnknownBaseline(LookupError):
+    """A service, metric or deploy the store holds no points for; the message lists the known ones."""
+
+
+class Summary(NamedTuple):
+    count: int
+    mean: float
+    std: float  # sample standard deviation (0 for a single point)
+    p50: float
+    p90: float
+    p99: float
+    first_t: float
+    last_t: float
+
+
+class SeriesInfo(NamedTuple):
+    service: str
+    metric: str
+    environment: str
+    deploy_id: str
+    count: int
+    first_t: float
+    last_t: float
+
+
+class DeployInfo(NamedTuple):
+    deploy_id: str
+    first_t: float
+    last_t: float
+    count: int  # points over all metrics of the deploy
+
+
+class MetricDiff(NamedTuple):
+    metric: str
+    a: Summary | None
+    b: Summary | None
+    mean_change: float  # b.mean / a.mean - 1 (+0.08 = 8 % higher in b); nan when a side is missing
+    p99_change: float
+    ks_statistic: float  # two-sample Kolmogorov-Smirnov over the points of a and b
+    ks_pvalue: float
+
+
+def _where(service, metric, environment, deploy_id, since, until) -> tuple[str, tuple]:
+    """SQL condition and parameters selecting the points of a query."""
+    clauses, params = ["s.service = ?", "s.environment = ?"], [service, environment]
+    for column, value in (("s.metric", metric), ("s.deploy_id", deploy_id)):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            params.append(value)
+    if since is not None:
+        clauses.append("p.t >= ?")
+        params.append(float(since))
+    if until is not None:
+        clauses.append("p.t <= ?")
+        params.append(float(until))
+    return " AND ".join(clauses), tuple(params)
+
+
+def _relative_change(a: float, b: float) -> float:
+    if a == 0:
+        return 0.0 if b == 0 else math.copysign(math.inf, b)
+    return b / a - 1.0
+
+
+def summarize(times: np.ndarray, values: np.ndarray) -> Summary | None:
+    if len(values) == 0:
+        return None
+    p50, p90, p99 = np.quantile(values, [0.5, 0.9, 0.99])
+    std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    return Summary(len(values), float(np.mean(values)), std, float(p50), float(p90), float(p99),
+                   float(times.min()), float(times.max()))
+
+
+def _check_row(row) -> tuple:
+    try:
+        service, metric, value, t, environment, deploy_id = row
+    except (TypeError, ValueError):
+        raise ValueError(f"baseline row {row!r}: expected (service, metric, value, t, environment, deploy_id)") from None
+    for name, text in (("service", service), ("metric", metric), ("environment", environment),
+                       ("deploy_id", deploy_id)):
+        if not isinstance(text, str) or not text:
+            raise ValueError(f"baseline row {row!r}: {name} must be a non-empty string")
+    if not (math.isfinite(float(value)) and math.isfinite(float(t))):
+        raise ValueError(f"baseline row {row!r}: value and t must be finite numbers "
+                         "(skip windows that had no data instead of recording nan)")
+    return service, metric, environment, deploy_id, float(t), float(value)
+
+
+class BaselineStore:
+    """One SQLite file of baseline points. Safe to share between threads; other
+    processes (e.g. `slotune baseline`) may read it while the daemon writes."""
+
+    def __init__(self, path: str | Path, create: bool = True):
+        self.path = Path(path)
+        if not create and not self.path.is_file():
+            raise FileNotFoundError(f"baseline store {self.path} does not exist "
+                                    "(the daemon creates it on its first window; check --store or the config)")
+        try:
+            if create:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            if create:
+                self._db.executescript(SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            raise OSError(f"cannot open baseline store {self.path}: {exc} "
+                          "(the folder must exist or be creatable and be writable; "
+                          "set a writable path with --store or the config's baseline store path)") from exc
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _series_id(self, service, metric, environment, deploy_id) -> int:
+        key = (service, metric, environment, deploy_id)
+        row = self._db.execute("SELECT id FROM series WHERE service=? AND metric=? AND environment=? "
+                               "AND deploy_id=?", key).fetchone()
+        if row:
+            return row[0]
+        return self._db.execute("INSERT INTO series (service, metric, environment, deploy_id) "
+                                "VALUES (?, ?, ?, ?)", key).lastrowid
+
+    def record(self, service: str, metric: str, value: float, t: float, environment: str,
+               deploy_id: str) -> None:
+        self.record_many([(service, metric, value, t, environment, deploy_id)])
+
+    def record_many(self, rows: Iterable[tuple]) -> int:
+        """Store (service, metric, value, t, environment, deploy_id) rows in one
+        transaction; a second point for the same series and t replaces the first."""
+        checked = [_check_row(row) for row in rows]
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                ids: dict[tuple, int] = {}
+                points = []
+                for service, metric, environment, deploy_id, t, value in checked:
+                    key = (service, metric, environment, deploy_id)
+                    if key not in ids:
+                        ids[key] = self._series_id(*key)
+                    points.append((ids[key], t, value))
+                self._db.executemany("INSERT OR REPLACE INTO points (series_id, t, value) VALUES (?, ?, ?)",
+                                     points)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return len(checked)
+
+    def _points(self, where: tuple[str, tuple]) -> tuple[np.ndarray, np.ndarray]:
+        condition, params = where
+        with self._lock:
+            rows = self._db.execute(f"SELECT p.t, p.value FROM points p JOIN series s ON s.id = p.series_id "
+                                    f"WHERE {condition} ORDER BY p.t", params).fetchall()
+        arr = np.array(rows, dtype=float).reshape(-1, 2)
+        return arr[:, 0], arr[:, 1]
+
+    def values(self, service: str, metric: str, environment: str, deploy_id: str | None = None,
+               since: float | None = None, until: float | None = None) -> np.ndarray:
+        """The points' values in time order; deploy_id None takes every deploy."""
+        return self._points(_where(service, metric, environment, deploy_id, since, until))[1]
+
+    def summary(self, service: str, metric: str, environment: str, deploy_id: str | None = None,
+                since: float | None = None, until: float | None = None) -> Summary | None:
+        """Count, mean, std, p50/p90/p99 and time span of the points; None when there are none."""
+        return summarize(*self._points(_where(service, metric, environment, deploy_id, since, until)))
+
+    def deploys(self, service: str, environment: str) -> list[DeployInfo]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT s.deploy_id, MIN(p.t), MAX(p.t), COUNT(*) FROM points p JOIN series s "
+                "ON s.id = p.series_id WHERE s.service = ? AND s.environment = ? GROUP BY s.deploy_id "
+                "ORDER BY MIN(p.t)", (service, environment)).fetchall()
+        return [DeployInfo(*row) for row in rows]
+
+    def list(self) -> list[SeriesInfo]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT s.service, s.metric, s.environment, s.deploy_id, COUNT(*), MIN(p.t), MAX(p.t) "
+                "FROM series s JOIN points p ON s.id = p.series_id GROUP BY s.id "
+                "ORDER BY s.service, s.environment, MIN(p.t), s.metric").fetchall()
+        return [SeriesInfo(*row) for row in rows]
+
+    def require_deploy(self, service: str, environment: str, deploy_id: str) -> None:
+        """Raise UnknownBaseline naming what is known when the store has no such deploy."""
+        known = [d.deploy_id for d in self.deploys(service, environment)]
+        if deploy_id in known:
+            return
+        if not known:
+            services = sorted({(s.service, s.environment) for s in self.list()})
+            listed = ", ".join(f"{s} ({e})" for s, e in services) or "none: the store is empty"
+            raise UnknownBaseline(f"no baseline for service {service!r} in environment {environment!r} "
+                                  f"in {self.path}; known services (environment): {listed}")
+        raise UnknownBaseline(f"no deploy {deploy_id!r} for service {service!r} in environment "
+                              f"{environment!r} in {self.path}; known deploys: {', '.join(known)}")
+
+    def diff(self, service: str, environment: str, deploy_a: str, deploy_b: str,
+             metrics: Iterable[str] | None = None) -> list[MetricDiff]:
+        """Per metric: both summaries, the relative change of mean and p99 from a to b,
+        and the two-sample KS test of their points. Metrics default to those of either deploy."""
+        for deploy in (deploy_a, deploy_b):
+            self.require_deploy(service, environment, deploy)
+        if metrics is None:
+            metrics = sorted({s.metric for s in self.list() if s.service == service
+                              and s.environment == environment and s.deploy_id in (deploy_a, deploy_b)})
+        out = []
+        for metric in metrics:
+            ta, va = self._points(_where(service, metric, environment, deploy_a, None, None))
+            tb, vb = self._points(_where(service, metric, environment, deploy_b, None, None))
+            sa, sb = summarize(ta, va), summarize(tb, vb)
+            if sa is None or sb is None:
+                out.append(MetricDiff(metric, sa, sb, math.nan, math.nan, math.nan, math.nan))
+                continue
+            ks = stats.ks_2samp(va, vb)
+            out.append(MetricDiff(metric, sa, sb, _relative_change(sa.mean, sb.mean),
+                                  _relative_change(sa.p99, sb.p99), float(ks.statistic), float(ks.pvalue)))
+        return out
+
+    def prune(self, older_than: float) -> int:
+        """Delete points with t < older_than (and series left empty); returns the points deleted."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                deleted = 0
+                for (series_id,) in self._db.execute("SELECT id FROM series").fetchall():
+                    deleted += self._db.execute("DELETE FROM points WHERE series_id = ? AND t < ?",
+                                                (series_id, float(older_than))).rowcount
+                self._db.execute("DELETE FROM series WHERE NOT EXISTS "
+                                 "(SELECT 1 FROM points WHERE series_id = series.id)")
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return deleted
