@@ -214,25 +214,28 @@ class BaselineStore:
                 "ORDER BY s.service, s.environment, MIN(p.t), s.metric").fetchall()
         return [SeriesInfo(*row) for row in rows]
 
-    def require_deploy(self, service: str, environment: str, deploy_id: str) -> None:
-        """Raise UnknownBaseline naming what is known when the store has no such deploy."""
-        known = [d.deploy_id for d in self.deploys(service, environment)]
-        if deploy_id in known:
-            return
-        if not known:
-            services = sorted({(s.service, s.environment) for s in self.list()})
-            listed = ", ".join(f"{s} ({e})" for s, e in services) or "none: the store is empty"
+    def require(self, service: str, environment: str, metric: str | None = None,
+                deploy_id: str | None = None) -> None:
+        """Raise UnknownBaseline, listing what is known, unless the store holds points
+        for this service in this environment (and this metric, and this deploy)."""
+        series = [s for s in self.list() if s.service == service and s.environment == environment]
+        if not series:
+            known = sorted({(s.service, s.environment) for s in self.list()})
+            listed = ", ".join(f"{s} ({e})" for s, e in known) or "none: the store is empty"
             raise UnknownBaseline(f"no baseline for service {service!r} in environment {environment!r} "
                                   f"in {self.path}; known services (environment): {listed}")
-        raise UnknownBaseline(f"no deploy {deploy_id!r} for service {service!r} in environment "
-                              f"{environment!r} in {self.path}; known deploys: {', '.join(known)}")
+        for what, value, known in (("metric", metric, sorted({s.metric for s in series})),
+                                   ("deploy", deploy_id, [d.deploy_id for d in self.deploys(service, environment)])):
+            if value is not None and value not in known:
+                raise UnknownBaseline(f"no {what} {value!r} for service {service!r} in environment "
+                                      f"{environment!r} in {self.path}; known {what}s: {', '.join(known)}")
 
     def diff(self, service: str, environment: str, deploy_a: str, deploy_b: str,
              metrics: Iterable[str] | None = None) -> list[MetricDiff]:
         """Per metric: both summaries, the relative change of mean and p99 from a to b,
         and the two-sample KS test of their points. Metrics default to those of either deploy."""
         for deploy in (deploy_a, deploy_b):
-            self.require_deploy(service, environment, deploy)
+            self.require(service, environment, deploy_id=deploy)
         if metrics is None:
             metrics = sorted({s.metric for s in self.list() if s.service == service
                               and s.environment == environment and s.deploy_id in (deploy_a, deploy_b)})

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from daemon.baselines import BaselineStore, UnknownBaseline
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_slotune
 
 
 @pytest.fixture
@@ -146,3 +146,50 @@ def test_store_survives_kill_9_of_its_writer(tmp_path):
         s = store.summary("gw", "p99_seconds", "prod")
     assert s.count >= committed and s.count % 50 == 0  # every reported commit, no half batch
     assert (s.first_t, s.last_t) == (0.0, s.count - 1.0)  # one point per t, so none missing
+
+
+@pytest.fixture
+def store_file(tmp_path):
+    """A store as the daemon leaves it: two deploys of the gateway, one regressed."""
+    path = tmp_path / "baselines.sqlite"
+    rng = np.random.default_rng(3)
+    with BaselineStore(path) as s:
+        s.record_many(("gateway", "p99_seconds", v, 1_800_000_000 + i, "production", "v41")
+                      for i, v in enumerate(rng.normal(0.200, 0.005, 300)))
+        s.record_many(("gateway", "p99_seconds", v, 1_800_001_000 + i, "production", "v42")
+                      for i, v in enumerate(rng.normal(0.250, 0.005, 300)))
+    return path
+
+
+def test_cli_lists_shows_and_diffs(store_file):
+    listed = run_slotune("baseline", "list", "--store", str(store_file))
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[0].split()[:5] == ["SERVICE", "METRIC", "ENVIRONMENT", "DEPLOY", "POINTS"]
+    assert listed.stdout.splitlines()[1].split()[:5] == ["gateway", "p99_seconds", "production", "v41", "300"]
+    assert "2027-01-15" in listed.stdout  # times in UTC
+
+    shown = run_slotune("baseline", "show", "gateway", "p99_seconds", "--deploy", "v41", "--store", str(store_file))
+    assert shown.returncode == 0, shown.stderr
+    fields = dict(line.split(None, 1) for line in shown.stdout.splitlines()[1:])
+    assert fields["points"].startswith("300 from 2027-01-15")
+    assert float(fields["mean"]) == pytest.approx(0.200, abs=0.002)
+
+    diffed = run_slotune("baseline", "diff", "gateway", "--from", "v41", "--to", "v42", "--store", str(store_file))
+    assert diffed.returncode == 0, diffed.stderr
+    row = diffed.stdout.splitlines()[2].split()
+    assert row[0] == "p99_seconds" and row[-1] == "yes"
+    assert float(row[3].rstrip("%")) == pytest.approx(25.0, abs=1.5)  # mean change, percent
+
+
+def test_cli_names_what_is_missing_and_what_is_known(store_file, tmp_path):
+    missing = run_slotune("baseline", "list", "--store", str(tmp_path / "nope.sqlite"))
+    assert missing.returncode == 2 and f"{tmp_path}/nope.sqlite does not exist" in missing.stderr
+    service = run_slotune("baseline", "show", "inference", "p99_seconds", "--store", str(store_file))
+    assert service.returncode == 2 and "'inference'" in service.stderr and "gateway (production)" in service.stderr
+    metric = run_slotune("baseline", "show", "gateway", "p50_seconds", "--store", str(store_file))
+    assert metric.returncode == 2 and "known metrics: p99_seconds" in metric.stderr
+    deploy = run_slotune("baseline", "diff", "gateway", "--from", "v41", "--to", "v43", "--store", str(store_file))
+    assert deploy.returncode == 2 and "no deploy 'v43'" in deploy.stderr and "known deploys: v41, v42" in deploy.stderr
+    env = run_slotune("baseline", "show", "gateway", "p99_seconds", "--environment", "staging", "--store", str(store_file))
+    assert env.returncode == 2 and "environment 'staging'" in env.stderr
+
