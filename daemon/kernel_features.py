@@ -180,19 +180,9 @@ def check_fentry() -> Finding:
 
 
 def check_nvml() -> Finding:
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-        try:
-            count = pynvml.nvmlDeviceGetCount()
-            driver = pynvml.nvmlSystemGetDriverVersion()
-        finally:
-            pynvml.nvmlShutdown()
-        return Finding("NVML", True, f"driver {driver}, {count} GPU(s)")
-    except Exception as exc:
-        return Finding("NVML", False, f"no NVIDIA driver or GPU ({str(exc) or type(exc).__name__}); "
-                       "GPU signals stay off, everything else runs",
-                       "on a GPU host install the NVIDIA driver (libnvidia-ml.so.1); elsewhere nothing to do")
+    from daemon.collectors import nvml  # the collector's own start-up check, so both say the same
+    ok, detail, fix = nvml.probe()
+    return Finding("NVML", ok, detail, fix)
 
 
 def check_memlock() -> Finding:
