@@ -11,3 +11,11 @@ def source(name: str) -> str:
         known = ", ".join(sorted(p.name[: -len(".bpf.c")] for p in HERE.glob("*.bpf.c")))
         raise FileNotFoundError(f"no BPF program {path}; known programs: {known or 'none'}")
     return path.read_text()
+
+
+def header(name: str) -> str:
+    """Text of `bpf/<name>.h`, e.g. header("common")."""
+    path = HERE / f"{name}.h"
+    if not path.exists():
+        raise FileNotFoundError(f"no BPF header {path}")
+    return path.read_text()

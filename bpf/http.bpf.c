@@ -1,0 +1,95 @@
+/* HTTP/1.x request latency per service, without touching the server's code:
+ * a request is the span from the first read that returns data on an accepted
+ * connection to the next write on it (the response). Connections are tracked
+ * per (process, fd) from accept()/accept4() by a watched task, so a request read
+ * in one thread and answered in another still counts; close() forgets them. */
+
+struct http_conn_key {
+    u32 tgid;
+    u32 fd;
+};
+
+struct http_conn {
+    u64 request_at;      /* ns the request's first bytes were read, 0 between requests */
+    u32 service;
+    u32 pad;
+};
+
+BPF_TABLE("lru_hash", struct http_conn_key, struct http_conn, http_conns, 65536);
+BPF_TABLE("lru_hash", u32, u32, http_reading, 16384);   /* tid -> fd of a read in flight */
+
+static __always_inline int http_accepted(long fd)
+{
+    if (fd < 0)
+        return 0;
+    u32 tid = current_tid();
+    u32 *service = watched.lookup(&tid);
+    if (!service)
+        return 0;
+    struct http_conn_key k = {.tgid = current_tgid(), .fd = (u32)fd};
+    struct http_conn c = {.request_at = 0, .service = *service};
+    http_conns.update(&k, &c);
+    return 0;
+}
+
+static __always_inline int http_read_enter(u64 fd)
+{
+    struct http_conn_key k = {.tgid = current_tgid(), .fd = (u32)fd};
+    if (!http_conns.lookup(&k))
+        return 0;
+    u32 tid = current_tid(), f = (u32)fd;
+    http_reading.update(&tid, &f);
+    return 0;
+}
+
+static __always_inline int http_read_exit(long ret)
+{
+    u32 tid = current_tid();
+    u32 *fd = http_reading.lookup(&tid);
+    if (!fd)
+        return 0;
+    struct http_conn_key k = {.tgid = current_tgid(), .fd = *fd};
+    http_reading.delete(&tid);
+    if (ret <= 0)
+        return 0;
+    struct http_conn *c = http_conns.lookup(&k);
+    if (c && c->request_at == 0)
+        c->request_at = bpf_ktime_get_ns();
+    return 0;
+}
+
+static __always_inline int http_write_enter(u64 fd)
+{
+    struct http_conn_key k = {.tgid = current_tgid(), .fd = (u32)fd};
+    struct http_conn *c = http_conns.lookup(&k);
+    if (!c || c->request_at == 0)
+        return 0;
+    hist_add(c->service, SIG_HTTP_REQUEST, 0, bpf_ktime_get_ns() - c->request_at);
+    c->request_at = 0;
+    return 0;
+}
+
+int on_accept_exit(struct tracepoint__syscalls__sys_exit_accept *args)   { return http_accepted(args->ret); }
+int on_accept4_exit(struct tracepoint__syscalls__sys_exit_accept4 *args) { return http_accepted(args->ret); }
+
+int on_read_enter(struct tracepoint__syscalls__sys_enter_read *args)         { return http_read_enter(args->fd); }
+int on_readv_enter(struct tracepoint__syscalls__sys_enter_readv *args)       { return http_read_enter(args->fd); }
+int on_recvfrom_enter(struct tracepoint__syscalls__sys_enter_recvfrom *args) { return http_read_enter(args->fd); }
+int on_recvmsg_enter(struct tracepoint__syscalls__sys_enter_recvmsg *args)   { return http_read_enter(args->fd); }
+int on_read_exit(struct tracepoint__syscalls__sys_exit_read *args)         { return http_read_exit(args->ret); }
+int on_readv_exit(struct tracepoint__syscalls__sys_exit_readv *args)       { return http_read_exit(args->ret); }
+int on_recvfrom_exit(struct tracepoint__syscalls__sys_exit_recvfrom *args) { return http_read_exit(args->ret); }
+int on_recvmsg_exit(struct tracepoint__syscalls__sys_exit_recvmsg *args)   { return http_read_exit(args->ret); }
+
+int on_write_enter(struct tracepoint__syscalls__sys_enter_write *args)       { return http_write_enter(args->fd); }
+int on_writev_enter(struct tracepoint__syscalls__sys_enter_writev *args)     { return http_write_enter(args->fd); }
+int on_sendto_enter(struct tracepoint__syscalls__sys_enter_sendto *args)     { return http_write_enter(args->fd); }
+int on_sendmsg_enter(struct tracepoint__syscalls__sys_enter_sendmsg *args)   { return http_write_enter(args->fd); }
+int on_sendfile_enter(struct tracepoint__syscalls__sys_enter_sendfile64 *args) { return http_write_enter(args->out_fd); }
+
+int on_close_enter(struct tracepoint__syscalls__sys_enter_close *args)
+{
+    struct http_conn_key k = {.tgid = current_tgid(), .fd = (u32)args->fd};
+    http_conns.delete(&k);
+    return 0;
+}

@@ -1,0 +1,70 @@
+"""TLS handshakes, calls and bytes per service from uprobes on libssl (bpf/tls.bpf.c).
+The library is found in the services' own memory maps each interval and each
+new one is probed once; the kernel side counts only watched tasks."""
+from __future__ import annotations
+
+import os
+
+from daemon.collectors.kernel.program import Attachment, Family
+
+DIRECTIONS = ("read", "write")           # TLS_READ = 0, TLS_WRITE = 1
+ENTRY = {"SSL_do_handshake": "on_ssl_handshake", "SSL_read": "on_ssl_read",
+         "SSL_write": "on_ssl_write", "SSL_read_ex": "on_ssl_read_ex", "SSL_write_ex": "on_ssl_write_ex"}
+RETURN = {"SSL_do_handshake": "on_ssl_handshake_return", "SSL_read": "on_ssl_call_return",
+          "SSL_write": "on_ssl_call_return", "SSL_read_ex": "on_ssl_call_return",
+          "SSL_write_ex": "on_ssl_call_return"}
+
+
+def libssl_paths(pid: int) -> set[str]:
+    """libssl files mapped by a process, as paths this process can open (through
+    /proc/<pid>/root so containers work), or nothing if it is gone."""
+    found = set()
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            for line in maps:
+                path = line.rstrip("\n").split(None, 5)[-1] if line.count(" ") >= 5 else ""
+                if "/libssl.so" in path and path.startswith("/"):
+                    found.add(path)
+    except OSError:
+        return set()
+    root = os.readlink(f"/proc/{pid}/root") if os.path.exists(f"/proc/{pid}/root") else "/"
+    return {path if root == "/" else f"/proc/{pid}/root{path}" for path in found}
+
+
+class Tls(Family):
+    name = source = "tls"
+    signals = ("tls_handshake", "tls_bytes", "tls_calls")
+    defines = {f"TLS_{d.upper()}": i for i, d in enumerate(DIRECTIONS)}
+
+    def __init__(self):
+        self.libraries: dict[tuple[int, int], str] = {}   # (dev, inode) -> path probed
+        self.with_libssl: set[int] = set()                # processes whose libssl is probed
+
+    def label(self, signal: str, label_id: int) -> str:
+        if signal == "tls_handshake":
+            return ""
+        return DIRECTIONS[label_id] if label_id < len(DIRECTIONS) else "read"
+
+    def refresh(self, program, targets, service_ids) -> None:
+        # Python loads libssl on `import ssl`, possibly long after start: keep looking
+        # at processes until their libssl shows up.
+        alive = set()
+        for procs in targets.values():
+            alive |= procs.tgids
+            for pid in procs.tgids - self.with_libssl:
+                for path in libssl_paths(pid):
+                    self.attach_library(program, path)
+                    self.with_libssl.add(pid)
+        self.with_libssl &= alive
+
+    def attach_library(self, program, path: str) -> None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        if (st.st_dev, st.st_ino) in self.libraries:
+            return
+        self.libraries[(st.st_dev, st.st_ino)] = path
+        for symbol, fn in ENTRY.items():
+            program.attach(Attachment("uprobe", path, fn, symbol))
+            program.attach(Attachment("uretprobe", path, RETURN[symbol], symbol))

@@ -1,0 +1,170 @@
+"""Finds each service's processes (command-line regex, systemd unit, cgroup path,
+listening port; all given ones must match) and keeps the set current: each scan
+reads one small /proc/<pid>/stat per process and evaluates the full match only
+for processes it has not seen before (or that exec'ed since). Threads count with
+their process. The kernel side (bpf/targeting.bpf.c) adds forks between scans."""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+import psutil
+
+from daemon.services import ServiceSpec
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+class TargetingError(ValueError):
+    """A service declaration that cannot find processes."""
+
+
+@dataclass
+class ServiceProcesses:
+    service: ServiceSpec
+    tgids: set[int] = field(default_factory=set)
+    tids: set[int] = field(default_factory=set)
+    listen_ports: set[int] = field(default_factory=set)
+
+
+def validate(spec: ServiceSpec) -> re.Pattern | None:
+    """Check a service declaration; returns its compiled cmdline pattern."""
+    if not (spec.cmdline or spec.systemd_unit or spec.cgroup or spec.port):
+        raise TargetingError(f"service {spec.name!r} has no way to find its processes: "
+                             "set cmdline, systemd_unit, cgroup or port")
+    if spec.port is not None and not 0 < spec.port < 65536:
+        raise TargetingError(f"service {spec.name!r}: port {spec.port} is not a TCP port (1..65535)")
+    if spec.cmdline is None:
+        return None
+    try:
+        return re.compile(spec.cmdline)
+    except re.error as exc:
+        raise TargetingError(f"service {spec.name!r}: cmdline {spec.cmdline!r} is not a valid "
+                             f"regular expression ({exc})") from None
+
+
+def stat_identity(pid: int) -> tuple[str, int] | None:
+    """(comm, start time) of a process: changes when the pid is reused or exec's."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    close = raw.rfind(b")")
+    comm = raw[raw.find(b"(") + 1:close].decode(errors="replace")
+    fields = raw[close + 2:].split()
+    return comm, int(fields[19])
+
+
+def cgroup_path(pid: int) -> str | None:
+    """The process's cgroup v2 path, e.g. /system.slice/web.service."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    return line[3:].strip()
+    except OSError:
+        pass
+    return None
+
+
+def unit_name(unit: str) -> str:
+    return unit if "." in unit else unit + ".service"
+
+
+def under(path: str, parent: str) -> bool:
+    parent = "/" + parent.removeprefix(CGROUP_ROOT).strip("/")
+    return parent == "/" or path == parent or path.startswith(parent + "/")
+
+
+def threads(pid: int) -> set[int]:
+    try:
+        return {int(t) for t in os.listdir(f"/proc/{pid}/task")}
+    except OSError:
+        return set()
+
+
+def listening_ports(pid: int) -> set[int]:
+    try:
+        return {c.laddr.port for c in psutil.Process(pid).net_connections(kind="tcp")
+                if c.status == psutil.CONN_LISTEN}
+    except (psutil.Error, OSError):
+        return set()
+
+
+class Targeting:
+    """scan() -> {service name: ServiceProcesses}; cheap enough to call every interval."""
+
+    def __init__(self, services: list[ServiceSpec]):
+        self.own_pid = os.getpid()
+        self.update_services(services)
+
+    def update_services(self, services: list[ServiceSpec]) -> None:
+        names = [s.name for s in services]
+        dupes = {n for n in names if names.count(n) > 1}
+        if dupes:
+            raise TargetingError(f"service names must be unique; repeated: {', '.join(sorted(dupes))}")
+        self.patterns = {s.name: validate(s) for s in services}
+        self.services = list(services)
+        self.seen: dict[int, tuple[tuple[str, int], frozenset[str]]] = {}
+
+    def matches(self, pid: int, spec: ServiceSpec, listeners: dict[int, set[int]]) -> bool:
+        pattern = self.patterns[spec.name]
+        if pattern is not None:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                return False
+            if not cmdline or not pattern.search(cmdline):
+                return False
+        if spec.systemd_unit or spec.cgroup:
+            path = cgroup_path(pid)
+            if path is None:
+                return False
+            if spec.systemd_unit and unit_name(spec.systemd_unit) not in path.split("/"):
+                return False
+            if spec.cgroup and not under(path, spec.cgroup):
+                return False
+        if spec.port is not None and pid not in listeners.get(spec.port, set()):
+            return False
+        return True
+
+    def port_listeners(self) -> dict[int, set[int]]:
+        """Listening port -> pids, only when some service is declared by port."""
+        if not any(s.port for s in self.services):
+            return {}
+        out: dict[int, set[int]] = {}
+        for c in psutil.net_connections(kind="tcp"):
+            if c.status == psutil.CONN_LISTEN and c.pid:
+                out.setdefault(c.laddr.port, set()).add(c.pid)
+        return out
+
+    def scan(self) -> dict[str, ServiceProcesses]:
+        found = {s.name: ServiceProcesses(s) for s in self.services}
+        listeners = self.port_listeners()
+        alive = {}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            if pid == self.own_pid:
+                continue
+            ident = stat_identity(pid)
+            if ident is None:
+                continue
+            cached = self.seen.get(pid)
+            if cached and cached[0] == ident and not listeners:
+                names = cached[1]
+            else:
+                names = frozenset(s.name for s in self.services if self.matches(pid, s, listeners))
+            alive[pid] = (ident, names)
+            for name in names:
+                found[name].tgids.add(pid)
+        self.seen = alive
+        for procs in found.values():
+            for pid in procs.tgids:
+                procs.tids |= threads(pid)
+                procs.listen_ports |= listening_ports(pid)
+        return found
