@@ -80,6 +80,17 @@ class Histogram:
         n = self.count
         return self.total_ns / n / 1e9 if n else float("nan")
 
+    def fraction_above(self, threshold_s: float) -> float:
+        """Share of observations slower than threshold (interpolated inside its bucket)."""
+        n = self.count
+        if n == 0:
+            return 0.0
+        t = threshold_s * 1e9
+        slot = slot_of(int(t))
+        low, high = slot_bounds(slot)
+        below = self.counts[:slot].sum() + self.counts[slot] * (t - low) / (high - low)
+        return max(0.0, 1.0 - below / n)
+
     def prometheus_buckets(self, bounds_s: tuple[float, ...]) -> list[tuple[str, int]]:
         """Cumulative (le, count) pairs for the given upper bounds in seconds, +Inf last.
         Bounds should be powers of two in ns so no bucket straddles one."""
@@ -94,3 +105,65 @@ class Histogram:
 
 # Powers of two from ~1 µs to ~34 s: the bucket bounds every slotune latency metric exports.
 EXPORT_BOUNDS_S = tuple((1 << k) / 1e9 for k in range(10, 36))
+
+
+@dataclass
+class BucketHistogram:
+    """A Prometheus histogram as a service exports it: upper bounds in seconds
+    (+Inf last) and per-bucket (not cumulative) counts. Quantiles interpolate
+    linearly inside a bucket, as PromQL's histogram_quantile does."""
+    bounds_s: tuple[float, ...]
+    counts: np.ndarray
+    total_s: float = 0.0
+
+    @classmethod
+    def from_cumulative(cls, pairs: list[tuple[float, float]], total_s: float) -> "BucketHistogram":
+        pairs = sorted(pairs)
+        bounds = tuple(le for le, _ in pairs)
+        cumulative = np.array([c for _, c in pairs], dtype=np.float64)
+        return cls(bounds, np.diff(cumulative, prepend=0.0), total_s)
+
+    @property
+    def count(self) -> int:
+        return int(round(self.counts.sum()))
+
+    def minus(self, earlier: "BucketHistogram") -> "BucketHistogram":
+        if earlier.bounds_s != self.bounds_s or (self.counts < earlier.counts).any():
+            return BucketHistogram(self.bounds_s, self.counts.copy(), self.total_s)
+        return BucketHistogram(self.bounds_s, self.counts - earlier.counts, self.total_s - earlier.total_s)
+
+    def plus(self, other: "BucketHistogram") -> "BucketHistogram":
+        return BucketHistogram(self.bounds_s, self.counts + other.counts, self.total_s + other.total_s)
+
+    def quantile(self, q: float) -> float:
+        n = self.counts.sum()
+        if n <= 0:
+            return float("nan")
+        rank = q * n
+        cumulative = np.cumsum(self.counts)
+        i = min(int(np.searchsorted(cumulative, rank, side="left")), len(self.bounds_s) - 1)
+        if np.isinf(self.bounds_s[i]):  # as PromQL: the highest finite bound
+            return self.bounds_s[i - 1] if i else float("nan")
+        low = self.bounds_s[i - 1] if i else 0.0
+        before = cumulative[i - 1] if i else 0.0
+        inside = self.counts[i]
+        frac = (rank - before) / inside if inside else 0.0
+        return low + (self.bounds_s[i] - low) * min(max(frac, 0.0), 1.0)
+
+    def mean(self) -> float:
+        n = self.counts.sum()
+        return self.total_s / n if n else float("nan")
+
+    def fraction_above(self, threshold_s: float) -> float:
+        """Share of observations slower than threshold (interpolated inside the bucket)."""
+        n = self.counts.sum()
+        if n <= 0:
+            return 0.0
+        below, low = 0.0, 0.0
+        for bound, c in zip(self.bounds_s, self.counts):
+            if bound <= threshold_s:
+                below += c
+            elif not np.isinf(bound) and low < threshold_s:
+                below += c * (threshold_s - low) / (bound - low)
+            low = bound
+        return max(0.0, 1.0 - below / n)
