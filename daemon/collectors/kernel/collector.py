@@ -85,7 +85,7 @@ class KernelCollector:
                   for tid in procs.tids}
         active = {self.service_ids[name] for name in self.targets}
         watched = self.program.table("watched")
-        present = {k.value: v.value for k, v in items(watched)}
+        present = dict(items(watched))
         for tid, sid in wanted.items():
             if present.get(tid) != sid:
                 watched[U32(tid)] = U32(sid)

@@ -123,9 +123,9 @@ class Program:
             if arr is None:
                 arr = hists[key] = np.zeros(SLOTS, dtype=np.int64)
             if k.slot < SLOTS:
-                arr[k.slot] += v.value
-        sums = {(k.service, k.signal, k.label): v.value for k, v in items(self.bpf["sums"])}
-        counts = {(k.service, k.signal, k.label): v.value for k, v in items(self.bpf["counts"])}
+                arr[k.slot] += v
+        sums = {(k.service, k.signal, k.label): v for k, v in items(self.bpf["sums"])}
+        counts = {(k.service, k.signal, k.label): v for k, v in items(self.bpf["counts"])}
         return hists, sums, counts
 
     def prog_ids(self) -> list[int]:
@@ -140,17 +140,23 @@ class Program:
         self.bpf.cleanup()
 
 
-def items(table):
-    """All entries of a hash map, in one batch call when the kernel allows it."""
+def items(table) -> list:
+    """All entries of a hash map, in one batch call when the kernel allows it;
+    plain integers come back as int, structs as their ctypes value."""
     try:
-        return list(table.items_lookup_batch())
+        pairs = list(table.items_lookup_batch())
     except Exception:
-        return list(table.items())
+        pairs = list(table.items())
+    return [(_plain(k), _plain(v)) for k, v in pairs]
+
+
+def _plain(value):
+    return value.value if isinstance(value, ctypes._SimpleCData) else value
 
 
 def set_entries(table, keytype, valtype, wanted: dict[int, int]) -> None:
     """Make a u32/u16 -> u32/u16 map hold exactly `wanted` (only writes the differences)."""
-    present = {k.value: v.value for k, v in items(table)}
+    present = dict(items(table))
     for key, value in wanted.items():
         if present.get(key) != value:
             table[keytype(key)] = valtype(value)

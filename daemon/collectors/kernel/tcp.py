@@ -1,7 +1,7 @@
 """TCP RTT, retransmits, connect time and churn per service and peer (bpf/tcp.bpf.c).
 Each interval it tells the kernel side which local ports the services listen on
 and which remote ports name which peer."""
-from daemon.collectors.kernel.program import U16, U32, Family, set_entries
+from daemon.collectors.kernel.program import U16, U32, Family, items, set_entries
 
 OTHER = "other"
 
@@ -35,7 +35,7 @@ class Tcp(Family):
                 peers[(sid, port)] = pid
         set_entries(program.table("tcp_listen_ports"), U16, U32, listen)
         table = program.table("tcp_peer_ports")
-        present = {(k.service, k.port): v.value for k, v in table.items()}
+        present = {(k.service, k.port): v for k, v in items(table)}
         for (sid, port), pid in peers.items():
             if present.get((sid, port)) != pid:
                 table[table.Key(sid, port, 0)] = U16(pid)

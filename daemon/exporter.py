@@ -1,0 +1,160 @@
+"""Prometheus export of collector Samples: a prometheus_client custom collector
+that adds every Sample's deltas into cumulative families at observe() time and
+builds real histograms (_bucket/_sum/_count on EXPORT_BOUNDS_S), counters and
+gauges at scrape time. Which signal becomes which metric is the SIGNALS table;
+other collectors extend it with register_signals()."""
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from typing import NamedTuple
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from daemon.collectors.base import Sample
+from daemon.histogram import EXPORT_BOUNDS_S, Histogram
+
+log = logging.getLogger(__name__)
+
+KINDS = ("histogram", "counter", "gauge")
+
+
+class Signal(NamedTuple):
+    metric: str              # full metric name, e.g. slotune_tcp_rtt_seconds
+    label: str | None        # name of the label the Sample key's label goes into, or None
+    kind: str                # "histogram" (Sample.histograms), "counter" (counters), "gauge" (gauges)
+    help: str
+
+
+SIGNALS: dict[str, Signal] = {}
+
+
+def register_signals(table: dict[str, Signal | tuple]) -> None:
+    """Add signal name -> (metric, label, kind, help) rows; a clash or a bad name is refused."""
+    for signal, row in table.items():
+        row = Signal(*row)
+        if row.kind not in KINDS:
+            raise ValueError(f"signal {signal!r}: kind {row.kind!r} is not one of {', '.join(KINDS)}")
+        if not re.fullmatch(r"slotune_[a-z0-9_]+", row.metric):
+            raise ValueError(f"signal {signal!r}: metric {row.metric!r} must be slotune_<lowercase_name>")
+        if (row.kind == "counter") != row.metric.endswith("_total"):
+            raise ValueError(f"signal {signal!r}: counters, and only counters, end in _total ({row.metric})")
+        taken = {r.metric: s for s, r in SIGNALS.items()}
+        if taken.get(row.metric, signal) != signal or SIGNALS.get(signal, row) != row:
+            raise ValueError(f"signal {signal!r} / metric {row.metric!r} is already registered differently")
+        SIGNALS[signal] = row
+
+
+register_signals({
+    "runqueue_wait": ("slotune_runqueue_wait_seconds", None, "histogram",
+                      "Time the service's tasks waited runnable for a CPU"),
+    "offcpu": ("slotune_offcpu_seconds", "syscall", "histogram",
+               "Time the service's tasks spent inside syscalls, by syscall class"),
+    "tcp_rtt": ("slotune_tcp_rtt_seconds", "peer", "histogram",
+                "Smoothed TCP round-trip time of the service's connections, per received segment"),
+    "tcp_connect": ("slotune_tcp_connect_seconds", "peer", "histogram",
+                    "TCP connect time (SYN_SENT to ESTABLISHED) of the service's outgoing connections"),
+    "tcp_retransmits": ("slotune_tcp_retransmits_total", "peer", "counter",
+                        "TCP segments the service's connections retransmitted"),
+    "tcp_opened": ("slotune_tcp_connections_opened_total", "peer", "counter",
+                   "TCP connections the service established (outgoing and accepted)"),
+    "tcp_closed": ("slotune_tcp_connections_closed_total", "peer", "counter",
+                   "Established TCP connections of the service that closed"),
+    "tls_handshake": ("slotune_tls_handshake_seconds", None, "histogram",
+                      "TLS handshake latency in the service's libssl (SSL_do_handshake)"),
+    "tls_bytes": ("slotune_tls_bytes_total", "direction", "counter",
+                  "Plaintext bytes the service read or wrote through libssl"),
+    "tls_calls": ("slotune_tls_calls_total", "direction", "counter",
+                  "Successful SSL_read/SSL_write calls (and _ex forms) of the service"),
+    "http_request": ("slotune_http_request_duration_seconds", None, "histogram",
+                     "HTTP/1.x request latency seen from the kernel: first read to response write"),
+    "processes": ("slotune_service_processes", None, "gauge",
+                  "Processes currently found for the service"),
+})
+
+
+class SampleExporter:
+    """Register with a CollectorRegistry; feed it with observe(samples) each interval."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._hists: dict[tuple[str, str, str], Histogram] = {}
+        self._counters: dict[tuple[str, str, str], float] = {}
+        self._gauges: dict[tuple[str, str, str], float] = {}
+        self._up: dict[str, bool] = {}
+        self._probes: dict[str, bool] = {}
+        self._unknown: set[str] = set()
+
+    def observe(self, samples: list[Sample]) -> None:
+        with self._lock:
+            for s in samples:
+                for (signal, label), h in s.histograms.items():
+                    if self._known(signal, "histogram"):
+                        key = (signal, s.service, label)
+                        self._hists[key] = self._hists[key].plus(h) if key in self._hists else h
+                for (signal, label), v in s.counters.items():
+                    if self._known(signal, "counter"):
+                        key = (signal, s.service, label)
+                        self._counters[key] = self._counters.get(key, 0.0) + v
+                for (signal, label), v in s.gauges.items():
+                    if self._known(signal, "gauge"):
+                        self._gauges[(signal, s.service, label)] = v
+
+    def _known(self, signal: str, kind: str) -> bool:
+        row = SIGNALS.get(signal)
+        if row is not None and row.kind == kind:
+            return True
+        if signal not in self._unknown:
+            self._unknown.add(signal)
+            log.warning("signal %r (%s) has no metric in daemon.exporter.SIGNALS; not exported "
+                        "(add it with register_signals)", signal, kind)
+        return False
+
+    def set_collector_up(self, collector: str, up: bool) -> None:
+        with self._lock:
+            self._up[collector] = bool(up)
+
+    def set_probes(self, attached: dict[str, bool]) -> None:
+        """probe name -> attached; replaces what a collector reported before for those probes."""
+        with self._lock:
+            self._probes.update(attached)
+
+    def collect(self):
+        with self._lock:
+            hists, counters, gauges = dict(self._hists), dict(self._counters), dict(self._gauges)
+            up, probes = dict(self._up), dict(self._probes)
+        families = {}
+
+        def family(signal):
+            row = SIGNALS[signal]
+            if signal not in families:
+                labels = ["service"] + ([row.label] if row.label else [])
+                cls = {"histogram": HistogramMetricFamily, "counter": CounterMetricFamily,
+                       "gauge": GaugeMetricFamily}[row.kind]
+                families[signal] = cls(row.metric, row.help, labels=labels)
+            return families[signal], row
+
+        for (signal, service, label), h in sorted(hists.items()):
+            fam, row = family(signal)
+            fam.add_metric([service] + ([label] if row.label else []),
+                           buckets=h.prometheus_buckets(EXPORT_BOUNDS_S), sum_value=h.total_ns / 1e9)
+        for (signal, service, label), v in sorted(counters.items()):
+            fam, row = family(signal)
+            fam.add_metric([service] + ([label] if row.label else []), v)
+        for (signal, service, label), v in sorted(gauges.items()):
+            fam, row = family(signal)
+            fam.add_metric([service] + ([label] if row.label else []), v)
+        yield from families.values()
+        if up:
+            fam = GaugeMetricFamily("slotune_collector_up", "1 when the collector runs", labels=["collector"])
+            for name, ok in sorted(up.items()):
+                fam.add_metric([name], 1.0 if ok else 0.0)
+            yield fam
+        if probes:
+            fam = GaugeMetricFamily("slotune_probe_attached",
+                                    "1 when the kernel probe is attached, 0 when it failed to attach",
+                                    labels=["probe"])
+            for name, ok in sorted(probes.items()):
+                fam.add_metric([name], 1.0 if ok else 0.0)
+            yield fam
