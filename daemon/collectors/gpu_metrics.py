@@ -1,6 +1,7 @@
 """Prometheus export of the GPU collector: slotune_gpu_* families built at scrape
 time from the latest sweep (no NVML call on the scrape path), labelled by gpu
-index and uuid, per service by service and gpu, never per PID."""
+index and uuid, per service by service and gpu, never per PID. (Each service's
+Sample rollups, slotune_service_gpu_*, go out through daemon.exporter.)"""
 from __future__ import annotations
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -29,10 +30,10 @@ GAUGES = {
     "row_remap_failed": ("slotune_gpu_row_remap_failed", "1 when a row remap failed (the GPU needs service)"),
 }
 
-
 class GpuMetrics:
     """A prometheus_client custom collector over an NvmlCollector:
-    REGISTRY.register(GpuMetrics(nvml_collector))."""
+    registry.register(GpuMetrics(nvml_collector)). slotune_collector_up{collector="nvml"}
+    comes from daemon.exporter.SampleExporter.set_collector_up, like every collector's."""
 
     def __init__(self, collector: NvmlCollector):
         self.collector = collector
@@ -41,10 +42,6 @@ class GpuMetrics:
         return []  # families depend on what the GPUs support; known only at scrape time
 
     def collect(self):
-        up = GaugeMetricFamily("slotune_collector_up", "1 when the collector runs, 0 when it could not start",
-                               labels=["collector"])
-        up.add_metric([self.collector.name], 1.0 if self.collector.up else 0.0)
-        yield up
         if not self.collector.up:
             return
         sweep = self.collector.latest

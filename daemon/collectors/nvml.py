@@ -14,11 +14,31 @@ import pynvml
 
 from daemon.collectors.base import Sample
 from daemon.collectors.gpu_device import GpuDevice, GpuReading, log, text
+from daemon.exporter import register_signals
 from daemon.services import ServiceSpec
 
 XID_GPU_FELL_OFF_THE_BUS = 79
 MAX_EVENTS_PER_SWEEP = 1000  # an XID storm cannot stall a sweep
 NO_GPU_FIX = "check nvidia-smi; in a container pass the GPUs through (--gpus all)"
+
+# The Sample gauges of each service (worst GPU among those its processes use): what the
+# attribution and the batch tuner read, exported per service by the SampleExporter.
+register_signals({
+    "gpu_memory_bytes": ("slotune_service_gpu_memory_bytes", None, "gauge",
+                         "Device memory held by the service's processes, all GPUs"),
+    "gpu_utilization_ratio": ("slotune_service_gpu_utilization_ratio", None, "gauge",
+                              "The service's share of its busiest GPU"),
+    "gpu_saturation_ratio": ("slotune_service_gpu_saturation_ratio", None, "gauge",
+                             "Utilisation of the busiest GPU the service uses (all processes)"),
+    "gpu_membw_ratio": ("slotune_service_gpu_memory_bandwidth_ratio", None, "gauge",
+                        "DRAM bandwidth use (GPM; else memory-copy utilisation) of the service's busiest GPU"),
+    "gpu_pcie_ratio": ("slotune_service_gpu_pcie_ratio", None, "gauge",
+                       "PCIe traffic over link capacity, busiest direction, of the service's GPUs"),
+    "gpu_throttled": ("slotune_service_gpu_throttled", None, "gauge",
+                      "1 while a GPU the service uses has its clocks held down (power, thermal, slowdown)"),
+    "gpu_headroom_ratio": ("slotune_service_gpu_headroom_ratio", None, "gauge",
+                           "min(1 - utilisation, free memory share) of the service's tightest GPU"),
+})
 
 
 @dataclass

@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from daemon.collectors.gpu_metrics import GpuMetrics
 from daemon.collectors.nvml import NvmlCollector
+from daemon.exporter import SampleExporter
 from daemon.services import ServiceSpec
 from tests.gpu.fake_nvml import GIB, FakeGpu, FakeNvml
 
@@ -25,9 +26,14 @@ def started(*gpus: FakeGpu, pids=PIDS) -> tuple[NvmlCollector, FakeNvml]:
     return collector, fake
 
 
-def exposition(collector: NvmlCollector) -> str:
-    registry = CollectorRegistry(auto_describe=False)
+def exposition(collector: NvmlCollector, found=()) -> str:
+    """The scrape the daemon serves: per-GPU families plus the Samples through the SampleExporter."""
+    exporter = SampleExporter()
+    exporter.set_collector_up(collector.name, collector.up)
+    exporter.observe(list(found))
+    registry = CollectorRegistry(auto_describe=True)
     registry.register(GpuMetrics(collector))
+    registry.register(exporter)
     return generate_latest(registry).decode()
 
 
@@ -46,10 +52,9 @@ def by_service(found) -> dict:
 
 
 def test_one_sweep_exports_every_gpu_field_in_base_units_and_passes_promtool():
-    gpu = FakeGpu("GPU-aaaa", clock_event_mask=pynvml.nvmlClocksEventReasonSwPowerCap)
+    gpu = FakeGpu("GPU-aaaa", clock_event_mask=pynvml.nvmlClocksEventReasonSwPowerCap, processes={100: GIB})
     collector, _ = started(gpu)
-    collector.collect(0.0, 1.0)
-    text = exposition(collector)
+    text = exposition(collector, collector.collect(0.0, 1.0))
     at = dict(gpu="0", uuid="GPU-aaaa")
     assert value(text, "slotune_collector_up", collector="nvml") == 1
     assert value(text, "slotune_gpu_utilization_ratio", **at) == 0.5
@@ -67,6 +72,8 @@ def test_one_sweep_exports_every_gpu_field_in_base_units_and_passes_promtool():
     assert value(text, "slotune_gpu_remapped_rows", **at, kind="correctable") == 2
     assert value(text, "slotune_gpu_clock_event_active", **at, reason="sw_power_cap") == 1
     assert value(text, "slotune_gpu_clock_event_active", **at, reason="hw_thermal_slowdown") == 0
+    assert value(text, "slotune_service_gpu_throttled", service="inference") == 1
+    assert ("slotune_service_gpu_throttled", (("service", "gateway"),)) not in samples(text)  # not on this GPU
     checked = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
@@ -138,8 +145,9 @@ def test_service_memory_is_summed_over_its_pids_and_never_labelled_by_pid():
     assert found["inference"].gauges[("gpu_memory_bytes", "")] == 3 * GIB
     assert found["inference"].gauges[("gpu_utilization_ratio", "")] == pytest.approx(0.4 + 0.1)
     assert found["inference"].collector == "nvml" and found["inference"].end == 1.0
-    text = exposition(collector)
+    text = exposition(collector, found.values())
     assert value(text, "slotune_gpu_service_memory_bytes", service="inference", gpu="0") == 3 * GIB
+    assert value(text, "slotune_service_gpu_memory_bytes", service="inference") == 3 * GIB
     assert value(text, "slotune_gpu_service_utilization_ratio", service="inference", gpu="0") == pytest.approx(0.5)
     label_pairs = [pair for (_, pairs) in samples(text) for pair in pairs]
     assert "pid" not in {k for k, _ in label_pairs}

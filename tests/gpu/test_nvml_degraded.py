@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from daemon.collectors.gpu_metrics import GpuMetrics
 from daemon.collectors.nvml import NvmlCollector
+from daemon.exporter import SampleExporter
 from daemon.services import ServiceSpec
 from tests.conftest import run_slotune
 
@@ -29,8 +30,11 @@ def test_no_driver_reports_once_stays_down_and_exports_up_0(caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1, lines
     assert "libnvidia-ml.so.1" in lines[0] and "fix:" in lines[0]
-    registry = CollectorRegistry(auto_describe=False)
+    exporter = SampleExporter()  # as the daemon exports every collector's up flag
+    exporter.set_collector_up(collector.name, collector.up)
+    registry = CollectorRegistry(auto_describe=True)
     registry.register(GpuMetrics(collector))
+    registry.register(exporter)
     text = generate_latest(registry).decode()
     assert 'slotune_collector_up{collector="nvml"} 0.0' in text
     assert "slotune_gpu_" not in text
