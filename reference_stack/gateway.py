@@ -1,0 +1,265 @@
+"""The agent gateway: POST /query {"query"} passes the rate limit, the intent
+gate, the three caches of tool results, the tool DAG (each tool behind a
+breaker), then asks the LLM (directly or through the TLS sidecar), and answers
+{"answer", "tools", "cache", "degraded", "trace_id"?}. A failed or refused tool
+makes the answer degraded (HTTP 200), never a 500."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import ssl
+import time
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import Counter, Gauge, Histogram
+
+from . import faults, planner
+from .breaker import Breaker
+from .caches import LRUCache, RedisCache, VectorCache
+from .corpus import ENTITIES
+from .embedding import embed
+from .intent import IntentGate
+from .ratelimit import TokenBucket
+from .service import common_arguments, json_error, load_settings, make_app, serve, token_file
+from .settings import Setting
+from .tools import TOOLS
+from .tracing import TraceSampler
+
+PORT = 8080
+SETTINGS = [
+    Setting("rate_limit_rps", float, 0, 10000, 0.0, "token-bucket admission rate; 0 = unlimited"),
+    Setting("trace_sample_rate", float, 0, 1, 0.1, "share of requests whose trace is exported"),
+    Setting("breaker_failure_threshold", float, 0, 1, 0.5,
+            "failure ratio over a tool's last 20 calls (at least 5) above which its breaker opens"),
+    Setting("intent_threshold", float, 0, 1, 0.82, "intent-gate probability at or above which tools are called"),
+    Setting("blocking_io_ms", float, 0, 1000, 0.0,
+            "fault: ms of blocking write+fsync+clock_nanosleep on the event-loop thread per request"),
+    Setting("llm_via_sidecar", bool, 0, 1, False, "send the LLM call through the TLS sidecar"),
+]
+BUCKETS = (.005, .01, .025, .05, .075, .1, .15, .2, .3, .5, .75, 1, 1.5, 2, 3, 5, 10)
+REQUEST = Histogram("gateway_request_duration_seconds", "time to answer a query", ["outcome"], buckets=BUCKETS)
+STAGE = Histogram("gateway_stage_duration_seconds", "time spent per stage of a query", ["stage"], buckets=BUCKETS)
+CACHE = Counter("gateway_cache_requests_total", "tool-result cache lookups by the level that answered", ["level"])
+TOOL_CALLS = Counter("gateway_tool_calls_total", "tool calls by outcome", ["tool", "outcome"])
+TOOL_TIME = Histogram("gateway_tool_duration_seconds", "tool call time seen by the gateway", ["tool"], buckets=BUCKETS)
+BREAKER_OPEN = Gauge("gateway_breaker_open", "1 while the tool's circuit breaker is open", ["tool"])
+RATE_LIMITED = Counter("gateway_rate_limited_total", "queries refused by the rate limit")
+TRACES = Counter("gateway_traces_total", "queries by whether their trace was sampled", ["sampled"])
+INFLIGHT = Gauge("gateway_inflight_requests", "queries being answered now")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    common_arguments(parser, PORT)
+    env = os.environ.get
+    parser.add_argument("--inference-url", default=env("SLOTUNE_STACK_INFERENCE_URL", "http://127.0.0.1:8100"))
+    parser.add_argument("--sidecar-url", default=env("SLOTUNE_STACK_SIDECAR_URL", "https://127.0.0.1:8443"))
+    parser.add_argument("--cert", default=None, help="CA certificate the sidecar presents (default <run dir>/tls.crt)")
+    parser.add_argument("--redis-url", default=env("SLOTUNE_STACK_REDIS_URL", "redis://127.0.0.1:6390/0"))
+    parser.add_argument("--tool", action="append", default=[], metavar="NAME=URL",
+                        help="where a tool lives (default http://127.0.0.1:<its port>; repeatable)")
+    parser.add_argument("--parallel-tools", type=int, default=8, help="most tool calls in flight per query")
+    parser.add_argument("--tool-timeout-s", type=float, default=2.0)
+    parser.add_argument("--llm-timeout-s", type=float, default=30.0)
+    parser.add_argument("--breaker-cooldown-s", type=float, default=5.0, help="time a breaker stays open")
+    parser.add_argument("--cache-ttl-s", type=int, default=300, help="Redis TTL of a cached tool result")
+
+
+def tool_urls(pairs: list[str]) -> dict[str, str]:
+    urls = {name: f"http://127.0.0.1:{port}" for name, (port, _) in TOOLS.items()}
+    for pair in pairs:
+        name, sep, url = pair.partition("=")
+        if not sep or name not in TOOLS:
+            raise SystemExit(f"--tool {pair!r}: expected NAME=URL with NAME one of {', '.join(TOOLS)}")
+        urls[name] = url.rstrip("/")
+    return urls
+
+
+class Gateway:
+    def __init__(self, args, settings):
+        self.args, self.settings = args, settings
+        self.tools = tool_urls(args.tool)
+        self.gate = IntentGate()
+        self.lru = LRUCache(500)
+        self.redis = RedisCache(args.redis_url, ttl_s=args.cache_ttl_s)
+        self.vectors = VectorCache(0.91)
+        self.breakers = {name: Breaker(cooldown_s=args.breaker_cooldown_s) for name in self.tools}
+        self.bucket = TokenBucket()
+        self.tracer = TraceSampler(args.run_dir / f"gateway-{args.port}-traces.jsonl")
+        self.scratch = args.run_dir / f"gateway-{args.port}.blocking"
+        self.http: aiohttp.ClientSession | None = None
+        self.tls: aiohttp.ClientSession | None = None
+        for name in self.tools:
+            BREAKER_OPEN.labels(name).set(0)
+
+    async def start(self) -> None:
+        self.args.run_dir.mkdir(parents=True, exist_ok=True)
+        self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512))
+        cert = self.args.cert or self.args.run_dir / "tls.crt"
+        if os.path.exists(cert):
+            ctx = ssl.create_default_context(cafile=str(cert))
+            self.tls = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512, ssl=ctx))
+
+    async def stop(self) -> None:
+        for session in (self.http, self.tls):
+            if session:
+                await session.close()
+        await self.redis.close()
+
+    async def call_tool(self, tool: str, args: dict) -> tuple[str, object]:
+        breaker, now = self.breakers[tool], time.monotonic()
+        if not breaker.allow(now):
+            TOOL_CALLS.labels(tool, "rejected").inc()
+            return "rejected", None
+        outcome, result = "ok", None
+        try:
+            async with self.http.post(f"{self.tools[tool]}/call", json={"args": args},
+                                      timeout=aiohttp.ClientTimeout(total=self.args.tool_timeout_s)) as r:
+                body = await r.json(content_type=None)
+                if r.status == 200:
+                    result = body["result"]
+                else:
+                    outcome = "error"
+        except asyncio.TimeoutError:
+            outcome = "timeout"
+        except (aiohttp.ClientError, ValueError, KeyError):
+            outcome = "error"
+        ended = time.monotonic()
+        breaker.record(outcome != "ok", ended, self.settings["breaker_failure_threshold"])
+        BREAKER_OPEN.labels(tool).set(1 if breaker.is_open else 0)
+        TOOL_CALLS.labels(tool, outcome).inc()
+        TOOL_TIME.labels(tool).observe(ended - now)
+        return outcome, result
+
+    async def cached_tools(self, query: str) -> tuple[str, dict | None]:
+        """(level, tool results) from the first cache that has them, or ("miss", None)."""
+        hit = self.lru.get(query)
+        if hit is not None:
+            return "lru", hit
+        hit = await self.redis.get(query)
+        if hit is not None:
+            self.lru.put(query, hit)
+            return "redis", hit
+        hit = self.vectors.get(embed(query, ENTITIES))
+        if hit is not None:
+            return "vector", hit
+        return "miss", None
+
+    async def remember(self, query: str, results: dict) -> None:
+        self.lru.put(query, results)
+        self.vectors.put(embed(query, ENTITIES), results)
+        await self.redis.put(query, results)
+
+    async def ask_llm(self, prompt: str) -> str:
+        via_sidecar = self.settings["llm_via_sidecar"]
+        if via_sidecar and self.tls is None:
+            raise RuntimeError(f"llm_via_sidecar is on but the certificate {self.args.cert or 'tls.crt'} is missing")
+        session, base = (self.tls, self.args.sidecar_url) if via_sidecar else (self.http, self.args.inference_url)
+        async with session.post(f"{base.rstrip('/')}/generate", json={"prompt": prompt},
+                                timeout=aiohttp.ClientTimeout(total=self.args.llm_timeout_s)) as r:
+            body = await r.json(content_type=None)
+            if r.status != 200:
+                raise RuntimeError(f"LLM answered {r.status}: {body.get('error', body)}")
+            return body["text"]
+
+    async def answer(self, query: str, spans: dict) -> dict:
+        t0 = time.monotonic()
+        needs_tools = self.gate.probability(query) >= self.settings["intent_threshold"]
+        spans["gate"] = time.monotonic() - t0
+        level, results, calls = None, {}, []
+        if needs_tools:
+            t = time.monotonic()
+            level, cached = await self.cached_tools(query)
+            CACHE.labels(level).inc()
+            spans["cache"] = time.monotonic() - t
+            if cached is not None:
+                results = cached
+            else:
+                t = time.monotonic()
+                calls = await planner.run(planner.plan(query), self.call_tool, self.args.parallel_tools, t)
+                spans["tools"] = time.monotonic() - t
+                results = {c.id: c.result for c in calls if c.outcome == "ok"}
+                if all(c.outcome == "ok" for c in calls):
+                    await self.remember(query, results)
+        t = time.monotonic()
+        prompt = query + "\n" + json.dumps(results, separators=(",", ":")) if results else query
+        text = await self.ask_llm(prompt)
+        spans["llm"] = time.monotonic() - t
+        degraded = any(c.outcome != "ok" for c in calls)
+        return {"answer": text, "tools": [c.as_json() for c in calls], "cache": level, "degraded": degraded}
+
+    async def handle(self, request: web.Request) -> web.Response:
+        started = time.monotonic()
+        faults.block_for(self.settings["blocking_io_ms"], self.scratch)
+        if not self.bucket.admit(self.settings["rate_limit_rps"], time.monotonic()):
+            RATE_LIMITED.inc()
+            REQUEST.labels("rejected").observe(time.monotonic() - started)
+            return json_error(429, f"rate limited at {self.settings['rate_limit_rps']} queries/s")
+        try:
+            body = await request.json()
+            query = body["query"].strip()
+            if not query:
+                raise ValueError
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return json_error(400, 'the body must be JSON {"query": "<non-empty text>"}')
+        trace_id = self.tracer.sample(self.settings["trace_sample_rate"])
+        TRACES.labels("true" if trace_id else "false").inc()
+        spans: dict[str, float] = {}
+        INFLIGHT.inc()
+        try:
+            out = await self.answer(query, spans)
+        except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError, KeyError, ValueError) as e:
+            REQUEST.labels("error").observe(time.monotonic() - started)
+            return json_error(502, f"the LLM call failed: {type(e).__name__}: {e}")
+        finally:
+            INFLIGHT.dec()
+        for stage, seconds in spans.items():
+            STAGE.labels(stage).observe(seconds)
+        outcome = "degraded" if out["degraded"] else "ok"
+        elapsed = time.monotonic() - started
+        REQUEST.labels(outcome).observe(elapsed)
+        if trace_id:
+            out["trace_id"] = trace_id
+            self.tracer.export(trace_id, {"query": query, "outcome": outcome, "duration_s": elapsed,
+                                          "stages": spans, "tools": out["tools"]})
+        return web.json_response(out)
+
+    async def flush(self, request: web.Request) -> web.Response:
+        try:
+            level = (await request.json()).get("level", "all")
+        except (ValueError, AttributeError):
+            level = None
+        if level not in ("lru", "redis", "vector", "all"):
+            return json_error(400, 'the body must be JSON {"level": "lru" | "redis" | "vector" | "all"}')
+        if level in ("lru", "all"):
+            self.lru.flush()
+        if level in ("redis", "all"):
+            await self.redis.flush()
+        if level in ("vector", "all"):
+            self.vectors.flush()
+        return web.json_response({"flushed": level})
+
+
+def build_app(args) -> web.Application:
+    settings = load_settings(SETTINGS, args)
+    gateway = Gateway(args, settings)
+    app = make_app("gateway", settings, token_file(args))
+    app.router.add_post("/query", gateway.handle)
+    app.router.add_post("/admin/cache/flush", app["admin_guard"](gateway.flush))
+
+    async def on_startup(_app):
+        await gateway.start()
+
+    async def on_cleanup(_app):
+        await gateway.stop()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app
+
+
+def run(args) -> int:
+    serve(build_app(args), args.host, [(args.port, None)])
+    return 0

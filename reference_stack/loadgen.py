@@ -1,0 +1,175 @@
+"""The open-loop load generator: arrivals follow a schedule fixed in advance
+(Poisson or gamma-bursty, shaped by a rate profile) and never wait for
+answers; a request's latency counts from its scheduled time, so a slow server
+cannot hide its queue (no coordinated omission). Above max_inflight, arrivals
+are counted as errors ("overflow") instead of being sent."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import math
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+
+from .corpus import QueryStream
+
+PROFILES = ("constant", "step", "ramp", "diurnal")
+ARRIVALS = ("poisson", "gamma")
+
+
+@dataclass
+class Record:
+    t_s: float            # scheduled arrival, seconds from the start
+    latency_s: float      # from scheduled arrival to answer (nan when not sent)
+    status: int           # HTTP status, 0 when no answer
+    outcome: str          # ok, degraded, rejected, error
+    cache: str            # the cache level that answered, "" when none
+    query: str
+    error: str = ""
+
+
+def rate_at(profile: str, rate: float, t: np.ndarray, duration_s: float) -> np.ndarray:
+    """Offered rate at times t; every profile averages `rate` over the run.
+    step: rate/2 then 3·rate/2 from half-time; ramp: 0 -> 2·rate linearly;
+    diurnal: rate·(1 + 0.8·sin), one period over the run."""
+    if profile == "constant":
+        return np.full_like(t, rate)
+    if profile == "step":
+        return np.where(t < duration_s / 2, rate / 2, 1.5 * rate)
+    if profile == "ramp":
+        return 2 * rate * t / duration_s
+    if profile == "diurnal":
+        return rate * (1 + 0.8 * np.sin(2 * math.pi * t / duration_s))
+    raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
+
+
+def schedule(rate: float, duration_s: float, profile: str = "constant", arrivals: str = "poisson",
+             burstiness: float = 0.25, seed: int = 1) -> np.ndarray:
+    """Arrival times in seconds. Gaps are drawn in unit-rate time (exponential, or gamma with shape
+    `burstiness`: CV = 1/sqrt(shape)) and mapped through the profile's cumulative rate."""
+    if rate <= 0 or duration_s <= 0:
+        raise ValueError(f"rate ({rate}) and duration ({duration_s}) must be positive")
+    if arrivals not in ARRIVALS:
+        raise ValueError(f"unknown arrivals {arrivals!r}; choose one of {', '.join(ARRIVALS)}")
+    rng = np.random.default_rng(seed)
+    dt = 0.001
+    grid = np.arange(0.0, duration_s + dt, dt)
+    cumulative = np.concatenate([[0.0], np.cumsum(rate_at(profile, rate, grid[:-1], duration_s) * dt)])
+    n = int(cumulative[-1] * 1.5 + 50)
+    gaps = rng.exponential(1.0, n) if arrivals == "poisson" else rng.gamma(burstiness, 1.0 / burstiness, n)
+    targets = np.cumsum(gaps)
+    targets = targets[targets < cumulative[-1]]
+    return np.interp(targets, cumulative, grid)
+
+
+async def generate_load(url: str, rate: float, duration_s: float, profile: str = "constant",
+                        arrivals: str = "poisson", burstiness: float = 0.25, max_inflight: int = 512,
+                        timeout_s: float = 10.0, seed: int = 1, queries: QueryStream | None = None) -> list[Record]:
+    """Drive url (the gateway's POST /query) open loop; one Record per scheduled arrival."""
+    times = schedule(rate, duration_s, profile, arrivals, burstiness, seed)
+    queries = queries or QueryStream(seed=seed)
+    records: list[Record] = []
+    inflight = 0
+
+    async def one(session, t_s, t_abs, query):
+        nonlocal inflight
+        status, outcome, cache, error = 0, "error", "", ""
+        try:
+            async with session.post(url, json={"query": query}) as r:
+                status = r.status
+                body = await r.json(content_type=None)
+                if status == 200:
+                    outcome, cache = ("degraded" if body.get("degraded") else "ok"), body.get("cache") or ""
+                elif status == 429:
+                    outcome = "rejected"
+                else:
+                    error = str(body.get("error", ""))[:200]
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+            error = f"{type(e).__name__}: {e}"[:200]
+        finally:
+            inflight -= 1
+        records.append(Record(t_s, time.monotonic() - t_abs, status, outcome, cache, query, error))
+
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=max_inflight), timeout=timeout) as session:
+        tasks = []
+        t0 = time.monotonic()
+        for t_s in times:
+            delay = t0 + t_s - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            query = queries.next()
+            if inflight >= max_inflight:
+                records.append(Record(float(t_s), math.nan, 0, "error", "", query, "overflow"))
+                continue
+            inflight += 1
+            tasks.append(asyncio.create_task(one(session, float(t_s), t0 + t_s, query)))
+        await asyncio.gather(*tasks)
+    records.sort(key=lambda r: r.t_s)
+    return records
+
+
+def run_load(url: str, rate: float, duration_s: float, **kwargs) -> list[Record]:
+    """generate_load from synchronous code (a fresh event loop)."""
+    return asyncio.run(generate_load(url, rate, duration_s, **kwargs))
+
+
+def summarize(records: list[Record], duration_s: float) -> dict:
+    """Offered and answered rates, latency quantiles of answered (ok + degraded) requests, counts."""
+    answered = np.array([r.latency_s for r in records if r.outcome in ("ok", "degraded")])
+    quantile = (lambda q: float(np.quantile(answered, q))) if len(answered) else (lambda q: math.nan)
+    outcomes, caches = {}, {}
+    for r in records:
+        outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
+        if r.cache:
+            caches[r.cache] = caches.get(r.cache, 0) + 1
+    return {"offered_rps": len(records) / duration_s, "answered_rps": len(answered) / duration_s,
+            "p50_s": quantile(0.5), "p95_s": quantile(0.95), "p99_s": quantile(0.99),
+            "errors": outcomes.get("error", 0), "overflow": sum(r.error == "overflow" for r in records),
+            "outcomes": outcomes, "cache": caches}
+
+
+def format_summary(s: dict) -> str:
+    return (f"offered {s['offered_rps']:.1f} req/s, answered {s['answered_rps']:.1f} req/s, "
+            f"P50 {s['p50_s'] * 1000:.1f} ms, P95 {s['p95_s'] * 1000:.1f} ms, P99 {s['p99_s'] * 1000:.1f} ms, "
+            f"errors {s['errors']} (overflow {s['overflow']})\n"
+            f"outcomes {s['outcomes']}  cache levels {s['cache']}")
+
+
+def write_csv(records: list[Record], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[fl.name for fl in fields(Record)])
+        w.writeheader()
+        w.writerows(asdict(r) for r in records)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default="http://127.0.0.1:8080/query", help="the gateway's query endpoint")
+    parser.add_argument("--rate", type=float, default=20.0, help="mean offered rate, queries/s")
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds")
+    parser.add_argument("--profile", choices=PROFILES, default="constant")
+    parser.add_argument("--arrivals", choices=ARRIVALS, default="poisson")
+    parser.add_argument("--burstiness", type=float, default=0.25, help="gamma shape (lower = burstier)")
+    parser.add_argument("--max-inflight", type=int, default=512)
+    parser.add_argument("--timeout", type=float, default=10.0, help="per-request timeout, seconds")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--csv", type=Path, default=None, help="write one row per request here")
+
+
+def run(args) -> int:
+    try:
+        records = run_load(args.url, args.rate, args.duration, profile=args.profile, arrivals=args.arrivals,
+                           burstiness=args.burstiness, max_inflight=args.max_inflight, timeout_s=args.timeout,
+                           seed=args.seed)
+    except ValueError as e:
+        raise SystemExit(f"load: {e}") from None
+    print(format_summary(summarize(records, args.duration)))
+    if args.csv:
+        write_csv(records, args.csv)
+        print(f"wrote {len(records)} rows to {args.csv}")
+    return 0

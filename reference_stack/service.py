@@ -1,0 +1,144 @@
+"""What every stack service shares: /healthz, /metrics, the control API
+(GET/PATCH /admin/config behind a bearer token, loopback peers only), the
+<service>_setting gauges, logging, and running the aiohttp app."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import signal
+import ssl
+from pathlib import Path
+from typing import Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
+
+from .settings import Setting, SettingError, Settings, parse_assignments
+
+DEFAULT_RUN_DIR = Path(os.environ.get("SLOTUNE_STACK_RUN_DIR", "/tmp/slotune-stack"))
+
+
+def common_arguments(parser: argparse.ArgumentParser, port: int | None) -> None:
+    parser.add_argument("--host", default=os.environ.get("SLOTUNE_STACK_HOST", "127.0.0.1"),
+                        help="address to listen on (default 127.0.0.1; the control API refuses non-loopback peers)")
+    parser.add_argument("--port", type=int, default=port,
+                        help=f"TCP port (default {port if port else 'the one named in the service table'})")
+    parser.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR,
+                        help="where the token, certificate and scratch files live (default /tmp/slotune-stack, "
+                             "env SLOTUNE_STACK_RUN_DIR)")
+    parser.add_argument("--token-file", type=Path, default=None,
+                        help="file holding the control API bearer token (default <run dir>/admin.token)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="initial value of a setting (repeatable)")
+
+
+def token_file(args) -> Path:
+    return args.token_file or args.run_dir / "admin.token"
+
+
+def load_settings(specs: list[Setting], args) -> Settings:
+    try:
+        return Settings(specs, parse_assignments(args.set))
+    except SettingError as e:
+        raise SystemExit(f"--set: {e}") from None
+
+
+def json_error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+def _is_loopback(remote: str | None) -> bool:
+    if not remote:            # a Unix socket has no peer address
+        return True
+    try:
+        return ipaddress.ip_address(remote.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def admin_guard(token_path: Path) -> Callable[[Callable], Callable]:
+    """Decorates admin handlers: 403 for non-loopback peers, 401 without the right bearer token."""
+    def wrap(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            if not _is_loopback(request.remote):
+                return json_error(403, f"the control API answers loopback peers only, not {request.remote}")
+            try:
+                want = token_path.read_text().strip()
+            except OSError as e:
+                return json_error(500, f"cannot read the token file {token_path}: {e.strerror}")
+            got = request.headers.get("Authorization", "")
+            if not want or not hmac.compare_digest(got.encode(), f"Bearer {want}".encode()):
+                return json_error(401, f"missing or wrong bearer token (the token is in {token_path})")
+            return await handler(request)
+        return guarded
+    return wrap
+
+
+def make_app(service: str, settings: Settings, token_path: Path) -> web.Application:
+    """An app with /healthz, /metrics and /admin/config; the service adds its own routes."""
+    gauge = Gauge(f"{service}_setting", f"current value of each {service} setting", ["setting"])
+
+    def export(values):
+        for key, value in values.items():
+            gauge.labels(key).set(float(value))
+
+    export(settings.snapshot())
+    settings.on_change(export)
+    guard = admin_guard(token_path)
+
+    async def healthz(_request):
+        return web.json_response({"service": service, "ok": True})
+
+    async def metrics(_request):
+        return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    @guard
+    async def get_config(_request):
+        return web.json_response({"settings": settings.snapshot(), "bounds": settings.bounds()})
+
+    @guard
+    async def patch_config(request):
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return json_error(400, "the body must be a JSON object of setting -> value")
+        try:
+            after = settings.patch(body)
+        except SettingError as e:
+            return json_error(400, str(e))
+        return web.json_response({"settings": after, "bounds": settings.bounds()})
+
+    app = web.Application()
+    app["settings"] = settings
+    app["admin_guard"] = guard
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/admin/config", get_config)
+    app.router.add_patch("/admin/config", patch_config)
+    return app
+
+
+def serve(app: web.Application, host: str, sites: list[tuple[int, ssl.SSLContext | None]]) -> None:
+    """Serve app on each (port, TLS context or None) until SIGTERM or SIGINT."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+    async def main():
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        try:
+            for port, ctx in sites:
+                await web.TCPSite(runner, host, port, ssl_context=ctx, backlog=1024).start()
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())

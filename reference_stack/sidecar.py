@@ -1,0 +1,105 @@
+"""The TLS sidecar: terminates TLS in front of the inference server and forwards
+over pooled plaintext connections. With reuse_connections=false it closes every
+client connection after one answer, so each request pays a fresh TCP + TLS
+handshake: the service-mesh jitter scenario."""
+from __future__ import annotations
+
+import argparse
+import ssl
+import time
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import REGISTRY, Histogram
+from prometheus_client.core import CounterMetricFamily
+
+from .service import common_arguments, json_error, load_settings, make_app, serve, token_file
+from .settings import Setting
+
+PORT = 8443
+ADMIN_PORT = 8444
+SETTINGS = [
+    Setting("reuse_connections", bool, 0, 1, True,
+            "keep client TLS connections alive; false closes each after one answer (a handshake per request)"),
+]
+REQUEST = Histogram("sidecar_request_duration_seconds", "time from request to forwarded answer",
+                    buckets=(.005, .01, .025, .05, .075, .1, .15, .2, .3, .5, .75, 1, 1.5, 2, 3, 5, 10))
+
+
+class HandshakeCounter:
+    """sidecar_handshakes_total, read at scrape time from OpenSSL's count of completed server handshakes."""
+
+    def __init__(self, ctx: ssl.SSLContext):
+        self.ctx = ctx
+
+    def collect(self):
+        yield CounterMetricFamily("sidecar_handshakes", "TLS handshakes completed (full: tickets are off)",
+                                  value=self.ctx.session_stats()["accept_good"])
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    common_arguments(parser, PORT)
+    parser.add_argument("--admin-port", type=int, default=ADMIN_PORT,
+                        help=f"plaintext port for /metrics, /healthz and /admin/config (default {ADMIN_PORT}; "
+                             "the TLS port serves them too)")
+    parser.add_argument("--upstream", default="http://127.0.0.1:8100", help="plaintext upstream (the inference server)")
+    parser.add_argument("--cert", default=None, help="certificate PEM (default <run dir>/tls.crt)")
+    parser.add_argument("--key", default=None, help="private key PEM (default <run dir>/tls.key)")
+
+
+def server_context(cert: str, key: str) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as e:
+        raise SystemExit(f"sidecar: cannot load certificate {cert} / key {key}: {e}; "
+                         "`python -m reference_stack init` creates them") from None
+    ctx.options |= ssl.OP_NO_TICKET          # no session resumption: each new connection is a full handshake
+    return ctx
+
+
+def build_app(args, ctx: ssl.SSLContext) -> web.Application:
+    settings = load_settings(SETTINGS, args)
+    upstream = args.upstream.rstrip("/")
+    REGISTRY.register(HandshakeCounter(ctx))
+    session: dict[str, aiohttp.ClientSession] = {}
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        started = time.monotonic()
+        if not request.secure:
+            return json_error(421, f"sidecar: /generate is served over TLS only, on port {args.port}")
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("content-type", "accept")}
+        try:
+            async with session["up"].request(request.method, upstream + request.rel_url.path_qs,
+                                             data=body, headers=headers) as up:
+                payload = await up.read()
+                resp = web.Response(body=payload, status=up.status,
+                                    headers={"Content-Type": up.headers.get("Content-Type", "application/json")})
+        except aiohttp.ClientError as e:
+            resp = json_error(502, f"sidecar: upstream {upstream} failed: {e}")
+        if not settings["reuse_connections"]:
+            resp.force_close()
+        REQUEST.observe(time.monotonic() - started)
+        return resp
+
+    async def on_startup(_app):
+        session["up"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256),
+                                              timeout=aiohttp.ClientTimeout(total=30))
+
+    async def on_cleanup(_app):
+        await session["up"].close()
+
+    app = make_app("sidecar", settings, token_file(args))
+    app.router.add_route("*", "/generate", forward)
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app
+
+
+def run(args) -> int:
+    cert = args.cert or str(args.run_dir / "tls.crt")
+    key = args.key or str(args.run_dir / "tls.key")
+    ctx = server_context(cert, key)
+    serve(build_app(args, ctx), args.host, [(args.port, ctx), (args.admin_port, None)])
+    return 0
