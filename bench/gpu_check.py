@@ -18,6 +18,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -32,7 +33,7 @@ from daemon.services import ServiceSpec
 
 NO_GPU_EXIT = 3
 SERVICE = "inference"
-DEFAULT_SERVER = "{python} -m reference_stack inference --device cuda --port {port}"
+DEFAULT_SERVER = "{python} -m reference_stack inference --device {device} --port {port} --run-dir {run_dir}"
 SIGNALS = ("gpu_memory_bytes", "gpu_utilization_ratio", "gpu_saturation_ratio", "gpu_membw_ratio",
            "gpu_pcie_ratio", "gpu_throttled", "gpu_headroom_ratio")
 
@@ -62,6 +63,10 @@ def stop(proc: subprocess.Popen | None) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def server_command(template: str, port: int, run_dir: str, device: str = "cuda") -> list[str]:
+    return shlex.split(template.format(python=sys.executable, port=port, run_dir=run_dir, device=device))
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
@@ -237,7 +242,7 @@ def run(args) -> int:
     print(f"== NVML: {detail}", flush=True)
     started = time.monotonic()
     port = args.port or free_port()
-    cmd = shlex.split(args.server_cmd.format(python=sys.executable, port=port))
+    cmd = server_command(args.server_cmd, port, tempfile.mkdtemp(prefix="slotune-gpu-check-"))
     server = saturator = None
     collector = NvmlCollector(pids_of=lambda service: service_pids(server.pid) if server else set())
     try:
@@ -286,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--clients", type=int, default=32, help="concurrent load clients (default 32)")
     check.add_argument("--port", type=int, default=0, help="inference server port (default: a free one)")
     check.add_argument("--server-cmd", default=DEFAULT_SERVER,
-                       help="command starting the inference server; {python} and {port} are filled in "
+                       help="command starting the inference server; {python}, {port}, {run_dir} and "
+                            "{device} (cuda) are filled in "
                             f"(default: {DEFAULT_SERVER})")
     check.add_argument("--start-timeout", type=float, default=120, help="seconds for the server to answer")
     check.add_argument("--budget", type=float, default=280, help="seconds the whole check may take (default 280)")

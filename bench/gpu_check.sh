@@ -15,7 +15,7 @@ usage: bash bench/gpu_check.sh [--seconds N] [--clients N] [--server-cmd CMD] [-
 
   --seconds N       length of each watch phase (alone, then saturated), default 15
   --clients N       concurrent load clients against the inference server, default 32
-  --server-cmd CMD  how to start the inference server; {python} and {port} are filled in
+  --server-cmd CMD  how to start the inference server; {python}, {port}, {run_dir}, {device} are filled in
   --skip-setup      do not run scripts/setup.sh even if the venv is missing
 
 examples:

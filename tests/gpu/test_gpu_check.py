@@ -105,6 +105,23 @@ def test_load_clients_post_json_concurrently_and_count_errors(generate_server):
     assert failing.ok == 0 and failing.errors > 0
 
 
+def test_the_default_server_command_starts_the_reference_inference_server(tmp_path):
+    """The same command line the GPU check uses, with the CPU in place of CUDA."""
+    port = gpu_check.free_port()
+    server = subprocess.Popen(gpu_check.server_command(gpu_check.DEFAULT_SERVER, port, str(tmp_path), "cpu"),
+                              cwd=ROOT, start_new_session=True)
+    try:
+        gpu_check.wait_healthy(f"http://127.0.0.1:{port}/healthz", server, 90)
+        assert server.pid in gpu_check.service_pids(server.pid)
+        with gpu_check.Load(f"http://127.0.0.1:{port}/generate", clients=2) as load:
+            deadline = time.monotonic() + 60
+            while load.ok < 2 and load.errors == 0 and time.monotonic() < deadline:
+                time.sleep(0.1)
+        assert load.ok >= 2 and load.errors == 0
+    finally:
+        gpu_check.stop(server)
+
+
 def test_verdict_needs_memory_and_utilisation_of_the_service():
     assert gpu_check.verdict({"gpu_memory_bytes": 2**30, "gpu_utilization_ratio": 0.4})[0]
     ok, line = gpu_check.verdict({"gpu_memory_bytes": 2**30, "gpu_utilization_ratio": 0.0})
