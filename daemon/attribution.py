@@ -1,0 +1,239 @@
+"""Which measured cause explains a service's tail and jitter, from its recent
+windows, recursively along the services it calls.
+
+Method (judged by how much each cause moved against the service's own
+baseline, so a clean service has no dominant cause however large its usual
+tail is):
+
+- recent span: the last `recent_s` seconds of windows, merged; baseline: the
+  earlier windows of the horizon, leaving out disturbed ones (P99 above the
+  median by more than 3 robust deviations), merged.
+- excess = P99(recent) - P50(baseline): the tail to explain. It splits into
+  the usual tail (P99 - P50 of the baseline), a noise band (what P99 of
+  `recent_s` seconds wanders by in the baseline) and the growth beyond that.
+- every cause is read as seconds a tail request gains from it
+  (daemon/attribution_causes.py); a downstream service as its own P99; a cause
+  is credited with its rise over the baseline. The growth is split in
+  proportion to those rises; where the rises add up to less than the growth
+  they are scaled up at most TAIL_GAIN times (a stall of the event loop
+  delays every request queued behind it, so the tail gains more than the
+  mean), and whatever is left stays unexplained.
+- shares = credited seconds / excess. A downstream service's share is split
+  again by its own explanation, so the answer names a path.
+- jitter (spread of per-window P99 over the horizon) is split by non-negative
+  regression of per-window P99 on per-window cause readings (scipy nnls);
+  each cause gets beta * cov(cause, P99) / var(P99).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+from scipy.optimize import nnls
+
+from daemon import attribution_causes as causes
+from daemon.window import Window
+
+DOMINANT_SHARE = 0.2     # a cause above this share of the excess is named
+TAIL_GAIN = 4.0          # most the tail may exceed the sum of the causes' mean rises
+NOISE_SIGMAS = 2.0
+NOISE_FLOOR_RATIO = 0.05  # growth under 5 % of the baseline P99 is noise
+NOISE_FLOOR_S = 0.0005
+MIN_BASELINE_WINDOWS = 5
+
+
+@dataclass
+class Explanation:
+    service: str
+    verdict: str
+    top_cause: str = ""                                  # "" = no dominant cause
+    shares: dict[str, float] = field(default_factory=dict)        # cause -> share of excess
+    confidence: float = 0.0
+    excess_s: float = 0.0                                # P99 recent - P50 baseline
+    growth_s: float = 0.0                                # P99 recent - P99 baseline
+    usual_tail_s: float = 0.0                            # P99 - P50 of the baseline
+    p50_s: float = math.nan
+    p99_s: float = math.nan
+    jitter_s: float = 0.0                                # std of per-window P99 over the horizon
+    jitter_shares: dict[str, float] = field(default_factory=dict)
+    evidence: dict[str, dict] = field(default_factory=dict)       # cause -> signal, baseline, recent, credited_s
+    downstream: dict[str, "Explanation"] = field(default_factory=dict)
+    path: list[tuple[str, str, float]] = field(default_factory=list)  # (service, cause, share) to the root cause
+
+    @property
+    def root_cause(self) -> tuple[str, str, float]:
+        """(service, cause, share of this service's excess) at the end of the path, or ("", "", 0)."""
+        if not self.path:
+            return "", "", 0.0
+        share = 1.0
+        for _, _, s in self.path:
+            share *= s
+        return self.path[-1][0], self.path[-1][1], share
+
+    def as_status(self) -> dict:
+        return {"verdict": self.verdict, "top_cause": self.top_cause, "shares": self.shares,
+                "confidence": self.confidence, "evidence": self.evidence,
+                "path": [list(p) for p in self.path], "excess_s": self.excess_s, "growth_s": self.growth_s,
+                "jitter_s": self.jitter_s, "jitter_shares": self.jitter_shares}
+
+
+def merge(windows: Sequence[Window]) -> Window:
+    """One Window spanning several: histograms and counters summed, gauges averaged."""
+    first, last = windows[0], windows[-1]
+    out = Window(first.service, first.start, last.end, last.slo_p99_s, latency_source=last.latency_source)
+    gauges: dict = {}
+    for w in windows:
+        if w.latency is not None:
+            out.latency = w.latency if out.latency is None else out.latency.plus(w.latency)
+        out.errors += w.errors
+        out.rejected += w.rejected
+        for key, h in w.histograms.items():
+            out.histograms[key] = out.histograms[key].plus(h) if key in out.histograms else h
+        for key, v in w.counters.items():
+            out.counters[key] = out.counters.get(key, 0.0) + v
+        for key, v in w.gauges.items():
+            gauges.setdefault(key, []).append(v)
+    out.gauges = {k: float(np.mean(v)) for k, v in gauges.items()}
+    return out
+
+
+@dataclass
+class _Split:
+    """A service's windows cut into a recent span and a baseline."""
+    recent: Window
+    baseline: Window
+    windows: list[Window]        # the horizon, with requests, oldest first
+    sigma_s: float               # robust spread of per-window P99 in the baseline
+    recent_count: int
+
+
+def _split(windows: Sequence[Window], now: float, recent_s: float, horizon_s: float) -> _Split | None:
+    live = [w for w in windows if w.requests and now - horizon_s < w.end <= now]
+    recent = [w for w in live if w.end > now - recent_s]
+    older = [w for w in live if w.end <= now - recent_s]
+    if not recent or len(older) < MIN_BASELINE_WINDOWS:
+        return None
+    p99 = np.array([w.p(0.99) for w in older])
+    med = float(np.median(p99))
+    sigma = 1.4826 * float(np.median(np.abs(p99 - med)))
+    calm = [w for w, v in zip(older, p99) if v <= med + 3 * sigma + NOISE_FLOOR_S]
+    return _Split(merge(recent), merge(calm), live, sigma, len(recent))
+
+
+def _rises(split: _Split, downstream: Mapping[str, "Explanation"], skip_tools: set[str]) -> dict[str, dict]:
+    """cause -> evidence with its baseline and recent readings and its rise (s)."""
+    now = causes.read_all(split.recent)
+    base = causes.read_all(split.baseline)
+    out = {}
+    for cause in now.keys() | base.keys():
+        if cause in skip_tools:
+            continue
+        r, b = now.get(cause), base.get(cause)
+        ref = r or b
+        rise = (r.value_s if r else 0.0) - (b.value_s if b else 0.0)
+        out[cause] = {"signal": ref.signal, "unit": ref.unit, "baseline": b.raw if b else 0.0,
+                      "recent": r.raw if r else 0.0, "rise_s": max(rise, 0.0)}
+    for name, exp in downstream.items():
+        if math.isfinite(exp.p99_s):
+            base_p99 = exp.p99_s - exp.growth_s
+            out[f"downstream:{name}"] = {"signal": f"{name} P99", "unit": "s", "baseline": base_p99,
+                                         "recent": exp.p99_s, "rise_s": max(exp.growth_s, 0.0)}
+    return out
+
+
+def _credit(growth: float, rises: dict[str, float]) -> dict[str, float]:
+    total = sum(rises.values())
+    if growth <= 0 or total <= 0:
+        return {c: 0.0 for c in rises}
+    scale = min(growth / total, TAIL_GAIN)
+    return {c: r * scale for c, r in rises.items()}
+
+
+def _jitter(split: _Split, downstream_windows: Mapping[str, Sequence[Window]]) -> tuple[float, dict[str, float]]:
+    ws = split.windows
+    y = np.array([w.p(0.99) for w in ws])
+    if len(ws) < 3 or not np.all(np.isfinite(y)) or y.std() == 0:
+        return (float(y.std()) if len(ws) and np.all(np.isfinite(y)) else 0.0), {}
+    columns: dict[str, list[float]] = {}
+    readings = [causes.read_all(w) for w in ws]
+    for i, reading in enumerate(readings):
+        for cause, r in reading.items():
+            columns.setdefault(cause, [0.0] * len(ws))[i] = r.value_s
+    for name, dws in downstream_windows.items():
+        by_end = {round(w.end, 3): w.p(0.99) for w in dws if w.requests}
+        columns[f"downstream:{name}"] = [by_end.get(round(w.end, 3), math.nan) for w in ws]
+    names = [c for c, col in columns.items() if np.all(np.isfinite(col)) and np.std(col) > 0]
+    if not names:
+        return float(y.std()), {}
+    x = np.array([columns[c] for c in names]).T
+    xc, yc = x - x.mean(axis=0), y - y.mean()
+    beta, _ = nnls(xc, yc)
+    var = float(yc @ yc)
+    shares = {c: max(float(b * (xc[:, i] @ yc) / var), 0.0) for i, (c, b) in enumerate(zip(names, beta))}
+    return float(y.std()), {c: s for c, s in shares.items() if s > 0}
+
+
+def explain(service: str, history: Mapping[str, Sequence[Window]],
+            downstream: Mapping[str, Sequence[str]] | None = None, *,
+            now: float | None = None, recent_s: float = 2.0, horizon_s: float = 120.0,
+            _seen: frozenset = frozenset()) -> Explanation:
+    """Explain `service`'s tail from history[service] (windows, oldest first),
+    following downstream[service] (names of services it calls) recursively."""
+    downstream = downstream or {}
+    windows = list(history.get(service, ()))
+    if now is None:
+        now = windows[-1].end if windows else 0.0
+    split = _split(windows, now, recent_s, horizon_s)
+    if split is None:
+        have = sum(1 for w in windows if w.requests)
+        return Explanation(service, f"warming up: {have} window(s) with requests, "
+                                    f"needs {MIN_BASELINE_WINDOWS} before the last {recent_s:g} s")
+    callees = [d for d in downstream.get(service, ()) if d not in _seen and d in history]
+    below = {d: explain(d, history, downstream, now=now, recent_s=recent_s, horizon_s=horizon_s,
+                        _seen=_seen | {service}) for d in callees}
+    below = {d: e for d, e in below.items() if math.isfinite(e.p99_s)}
+    covered_tools = {c for d in below for c in causes.tools_in(history[d])}
+    evidence = _rises(split, below, covered_tools)
+
+    p50_base, p99_base = split.baseline.p(0.5), split.baseline.p(0.99)
+    p99 = split.recent.p(0.99)
+    excess = max(p99 - p50_base, 0.0)
+    growth = p99 - p99_base
+    noise = NOISE_SIGMAS * split.sigma_s / math.sqrt(split.recent_count) + NOISE_FLOOR_RATIO * p99_base + NOISE_FLOOR_S
+    attributable = max(growth - noise, 0.0)
+    credit = _credit(attributable, {c: e["rise_s"] for c, e in evidence.items()})
+    for c, s in credit.items():
+        evidence[c]["credited_s"] = s
+    shares = {c: (s / excess if excess > 0 else 0.0) for c, s in credit.items()}
+    jitter_s, jitter_shares = _jitter(split, {d: history[d] for d in below})
+
+    exp = Explanation(service, "", shares=shares, excess_s=excess, growth_s=growth,
+                      usual_tail_s=max(p99_base - p50_base, 0.0), p50_s=split.recent.p(0.5), p99_s=p99,
+                      jitter_s=jitter_s, jitter_shares=jitter_shares, evidence=evidence, downstream=below)
+    _conclude(exp, attributable, noise, sum(e["rise_s"] for e in evidence.values()))
+    return exp
+
+
+def _conclude(exp: Explanation, attributable: float, noise: float, total_rise: float) -> None:
+    """Top cause, path, confidence and the verdict line."""
+    ranked = sorted(exp.shares.items(), key=lambda kv: -kv[1])
+    top, top_share = ranked[0] if ranked else ("", 0.0)
+    second = ranked[1][1] if len(ranked) > 1 else 0.0
+    head = f"{exp.service} P99 {exp.excess_s * 1e3:+.0f} ms over P50"
+    if top_share <= DOMINANT_SHARE:
+        exp.verdict = f"{head}: no dominant cause"
+        exp.confidence = 1.0 - top_share / DOMINANT_SHARE
+        return
+    exp.top_cause = top
+    exp.path = [(exp.service, top, top_share)]
+    if top.startswith("downstream:"):
+        child = exp.downstream[top.split(":", 1)[1]]
+        exp.path += child.path
+    significance = min(attributable / max(noise, 1e-9), 1.0)
+    dominance = (top_share - second) / top_share
+    coverage = min(total_rise / attributable, 1.0) if attributable > 0 else 0.0
+    exp.confidence = significance * (0.5 + 0.5 * dominance) * (0.5 + 0.5 * coverage)
+    steps = " → ".join(f"{s * 100:.0f} % {c.removeprefix('downstream:')}" for _, c, s in exp.path)
+    exp.verdict = f"{head}: {steps}"

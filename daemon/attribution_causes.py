@@ -1,0 +1,157 @@
+"""The measured causes attribution weighs, each read from one span of windows
+(a Window merged over several intervals) as seconds a request's tail can gain
+from it, with the signal values that back the reading. Pure arithmetic."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from daemon.window import Window
+
+# Syscall classes (bpf/offcpu.bpf.c) that stall the thread that makes them:
+# sleeps, file reads/writes, and the rest (fsync, ...). poll and futex are how
+# idle threads wait, net calls on non-blocking sockets return at once.
+BLOCKING_CLASSES = ("sleep", "io", "other")
+MIN_RTO_S = 0.2           # Linux's smallest retransmission timeout
+TAIL_FRACTION = 0.01      # a cause that touches 1 % of requests reaches the P99
+GPU_GAUGES = ("gpu_saturation_ratio", "gpu_membw_ratio", "gpu_pcie_ratio", "gpu_throttled")
+
+
+@dataclass(frozen=True)
+class Reading:
+    value_s: float        # seconds a tail request gains from the cause in this span
+    signal: str           # what was read, in users' words
+    raw: float            # the signal's own value (for evidence)
+    unit: str
+
+
+def _total_s(h) -> float:
+    return h.total_ns / 1e9 if hasattr(h, "total_ns") else float(h.total_s)
+
+
+def _per_request(total_s: float, span: Window) -> float | None:
+    return total_s / span.requests if span.requests else None
+
+
+def _labels(label: str) -> dict[str, str]:
+    return dict(part.split("=", 1) for part in label.split(",") if "=" in part)
+
+
+def runqueue_wait(span: Window) -> Reading | None:
+    h = span.histograms.get(("runqueue_wait", ""))
+    if h is None:
+        return None
+    v = _per_request(_total_s(h), span)
+    return None if v is None else Reading(v, "run-queue wait per request", v, "s")
+
+
+def blocking_syscalls(span: Window) -> Reading | None:
+    total = [_total_s(h) for (sig, label), h in span.histograms.items()
+             if sig == "offcpu" and label in BLOCKING_CLASSES]
+    if not total:
+        return None
+    v = _per_request(sum(total), span)
+    return None if v is None else Reading(v, "blocking syscall time per request", v, "s")
+
+
+def _queue_wait(span: Window) -> Reading | None:
+    found = [h for (fam, _), h in span.histograms.items() if fam.endswith("_queue_wait_seconds")]
+    if not found:
+        return None
+    merged = found[0]
+    for h in found[1:]:
+        merged = merged.plus(h)
+    v = merged.quantile(0.99)
+    return Reading(v, "batching queue wait P99", v, "s") if math.isfinite(v) else None
+
+
+def network_rtt(span: Window) -> Reading | None:
+    p99s = [h.quantile(0.99) for (sig, _), h in span.histograms.items() if sig == "tcp_rtt"]
+    p99s = [v for v in p99s if math.isfinite(v)]
+    if not p99s:
+        return None
+    return Reading(max(p99s), "TCP RTT P99 (worst peer)", max(p99s), "s")
+
+
+def retransmits(span: Window) -> Reading | None:
+    if not any(sig.startswith("tcp_") for sig, _ in [*span.histograms, *span.counters]):
+        return None
+    n = sum(v for (sig, _), v in span.counters.items() if sig == "tcp_retransmits")
+    per_req = _per_request(n, span)
+    if per_req is None:
+        return None
+    return Reading(min(per_req / TAIL_FRACTION, 1.0) * MIN_RTO_S, "TCP retransmits per request", per_req, "1")
+
+
+def connect(span: Window) -> Reading | None:
+    found = [h for (sig, _), h in span.histograms.items() if sig == "tcp_connect"]
+    if not found and not any(sig.startswith("tcp_") for sig, _ in span.histograms):
+        return None
+    v = _per_request(sum(_total_s(h) for h in found), span)
+    return None if v is None else Reading(v, "TCP connect time per request", v, "s")
+
+
+def tls_handshake(span: Window) -> Reading | None:
+    h = span.histograms.get(("tls_handshake", ""))
+    if h is None and not any(sig.startswith("tls_") for sig, _ in [*span.histograms, *span.counters]):
+        return None
+    v = _per_request(_total_s(h) if h is not None else 0.0, span)
+    return None if v is None else Reading(v, "TLS handshake time per request", v, "s")
+
+
+def gpu_saturation(span: Window) -> Reading | None:
+    """GPU pressure as the larger rise of a GPU ratio times the compute time it
+    stretches (the service's median): a saturated GPU slows every kernel."""
+    ratios = [span.gauges[(g, "")] for g in GPU_GAUGES if (g, "") in span.gauges]
+    if not ratios:
+        return None
+    p50 = span.p(0.5)
+    return Reading(max(ratios) * (p50 if math.isfinite(p50) else 0.0), "GPU pressure x median latency",
+                   max(ratios), "ratio")
+
+
+def tool_readings(span: Window) -> dict[str, Reading]:
+    """P99 of each tool call as the caller times it, from histograms labelled tool=NAME."""
+    by_tool: dict[str, object] = {}
+    for (fam, label), h in span.histograms.items():
+        tool = _labels(label).get("tool")
+        if tool and fam.endswith("_seconds"):
+            by_tool[tool] = by_tool[tool].plus(h) if tool in by_tool else h
+    out = {}
+    for tool, h in by_tool.items():
+        v = h.quantile(0.99)
+        if math.isfinite(v):
+            out[f"tool:{tool}"] = Reading(v, f"tool {tool} call P99", v, "s")
+    return out
+
+
+def tools_in(windows) -> set[str]:
+    """The tool causes a service's own windows carry (a tool server times its calls itself)."""
+    return {f"tool:{_labels(label)['tool']}" for w in windows for (_, label) in w.histograms
+            if "tool=" in label}
+
+
+# cause name -> how to read it. Downstream services and tools are added per call path.
+CAUSES: dict[str, Callable[[Window], Reading | None]] = {
+    "runqueue_wait": runqueue_wait,
+    "blocking_syscalls": blocking_syscalls,
+    "batch_queue_wait": _queue_wait,
+    "network_rtt": network_rtt,
+    "retransmits": retransmits,
+    "connect": connect,
+    "tls_handshake": tls_handshake,
+    "gpu_saturation": gpu_saturation,
+}
+
+
+def read_all(span: Window, tools: bool = True) -> dict[str, Reading]:
+    """Every cause the span has a signal for."""
+    out = {}
+    for cause, read in CAUSES.items():
+        r = read(span)
+        if r is not None and math.isfinite(r.value_s):
+            out[cause] = r
+    if tools:
+        out.update(tool_readings(span))
+    return out

@@ -1,0 +1,166 @@
+"""Attribution arithmetic pinned on small windows built by hand: the shares,
+the path through downstream services, the clean verdict, jitter, eBPF-only."""
+import math
+
+import numpy as np
+import pytest
+
+from daemon import attribution
+from daemon.attribution import explain
+from daemon.collectors.base import Sample
+from daemon.histogram import BucketHistogram, Histogram
+from daemon.window import Window, build
+
+BOUNDS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, math.inf)
+CALM = (0, 100, 0, 0, 0, 0, 0)             # 100 requests in (10, 20] ms
+SLOW_TAIL = (0, 90, 0, 0, 10, 0, 0)        # 10 of them in (100, 200] ms
+
+
+def latency(counts) -> BucketHistogram:
+    return BucketHistogram(BOUNDS, np.array(counts, dtype=float), 0.0)
+
+
+def per_event(total_s: float, events: int = 100) -> Histogram:
+    """A kernel histogram of `events` equal durations adding up to total_s."""
+    return Histogram.from_values([total_s / events * 1e9] * events)
+
+
+def window(t, counts=CALM, service="svc", runqueue_s=0.001, blocking_s=0.001, extra=None) -> Window:
+    w = Window(service, t, t + 1.0, 0.5, latency(counts), "service")
+    w.histograms[("runqueue_wait", "")] = per_event(runqueue_s)
+    w.histograms[("offcpu", "sleep")] = per_event(blocking_s)
+    w.histograms.update(extra or {})
+    return w
+
+
+def history(n_calm=20, faulty=(), **kw):
+    """n_calm calm windows then the given (counts, fields) windows, one per second."""
+    ws = [window(t, **kw) for t in range(n_calm)]
+    ws += [window(n_calm + i, counts, **fields) for i, (counts, fields) in enumerate(faulty)]
+    return ws
+
+
+def test_growth_is_split_in_proportion_to_how_much_each_cause_rose():
+    # Recent: P99 = 0.1 + 0.1 * 0.9 = 0.19 s. Baseline: P50 0.015 s, P99 0.0199 s.
+    # runqueue rises 0.2 s/request, blocking 0.6 s/request: more than the growth, so split 1:3.
+    ws = history(faulty=[(SLOW_TAIL, {"runqueue_s": 20.001, "blocking_s": 60.001})])
+    e = explain("svc", {"svc": ws}, recent_s=1.0)
+    excess = 0.19 - 0.015
+    attributable = (0.19 - 0.0199) - (0.05 * 0.0199 + attribution.NOISE_FLOOR_S)
+    assert e.excess_s == pytest.approx(excess)
+    assert e.shares["runqueue_wait"] == pytest.approx(0.25 * attributable / excess)
+    assert e.shares["blocking_syscalls"] == pytest.approx(0.75 * attributable / excess)
+    assert e.top_cause == "blocking_syscalls"
+    assert e.evidence["blocking_syscalls"]["recent"] == pytest.approx(0.60001)
+    assert e.evidence["blocking_syscalls"]["baseline"] == pytest.approx(0.00001)
+
+
+def test_small_rises_are_scaled_up_at_most_tail_gain_times_and_the_rest_stays_unexplained():
+    # runqueue rises 0.02 s per request, the P99 grows 0.17 s: credited 4 x 0.02 = 0.08 s.
+    ws = history(faulty=[(SLOW_TAIL, {"runqueue_s": 2.001})])
+    e = explain("svc", {"svc": ws}, recent_s=1.0)
+    assert e.evidence["runqueue_wait"]["credited_s"] == pytest.approx(attribution.TAIL_GAIN * 0.02)
+    assert e.shares["runqueue_wait"] == pytest.approx(0.08 / 0.175)
+    assert sum(e.shares.values()) < 0.5
+    assert e.top_cause == "runqueue_wait"
+
+
+def test_a_clean_service_has_no_dominant_cause_however_large_its_usual_tail():
+    rng = np.random.default_rng(7)
+    ws = []
+    for t in range(40):
+        tail = int(rng.integers(8, 12))
+        w = window(t, (0, 100 - tail, 0, 0, tail, 0, 0), runqueue_s=float(rng.uniform(0.5, 0.7)),
+                   blocking_s=float(rng.uniform(0.1, 0.2)))
+        ws.append(w)
+    e = explain("svc", {"svc": ws})
+    assert e.usual_tail_s > 0.1
+    assert max(e.shares.values()) <= attribution.DOMINANT_SHARE
+    assert e.top_cause == "" and e.path == []
+    assert e.verdict.endswith("no dominant cause")
+
+
+def test_a_slow_downstream_service_is_followed_to_its_own_cause():
+    gateway = history(faulty=[(SLOW_TAIL, {}), (SLOW_TAIL, {})], service="gateway")
+    inference = history(faulty=[(SLOW_TAIL, {"runqueue_s": 60.0}), (SLOW_TAIL, {"runqueue_s": 60.0})],
+                        service="inference")
+    e = explain("gateway", {"gateway": gateway, "inference": inference}, {"gateway": ["inference"]})
+    assert e.top_cause == "downstream:inference"
+    assert [(svc, cause) for svc, cause, _ in e.path] == [("gateway", "downstream:inference"),
+                                                          ("inference", "runqueue_wait")]
+    assert e.root_cause[:2] == ("inference", "runqueue_wait")
+    assert e.root_cause[2] == pytest.approx(e.path[0][2] * e.path[1][2])
+    assert e.root_cause[2] > 0.7
+    assert "inference → " in e.verdict and "runqueue_wait" in e.verdict
+
+
+def test_a_call_cycle_in_the_config_does_not_recurse_forever():
+    a = history(faulty=[(SLOW_TAIL, {})], service="a")
+    b = history(faulty=[(SLOW_TAIL, {})], service="b")
+    e = explain("a", {"a": a, "b": b}, {"a": ["b"], "b": ["a"]}, recent_s=1.0)
+    assert e.top_cause == "downstream:b"
+    assert "downstream:a" not in e.downstream["b"].shares
+
+
+def test_an_ebpf_only_service_is_explained_from_kernel_request_timing():
+    def sample(t, slow_ms, runqueue_s):
+        fast = [15e6] * 95
+        s = Sample("svc", "kernel", t, t + 1)
+        s.histograms[("http_request", "")] = Histogram.from_values(fast + [slow_ms * 1e6] * 5)
+        s.histograms[("runqueue_wait", "")] = per_event(runqueue_s)
+        return s
+    ws = [build("svc", 0.5, t, t + 1, [sample(t, 16, 0.002)]) for t in range(20)]
+    ws += [build("svc", 0.5, t, t + 1, [sample(t, 150, 5.0)]) for t in (20, 21)]
+    assert ws[-1].latency_source == "ebpf"
+    e = explain("svc", {"svc": ws})
+    assert e.top_cause == "runqueue_wait"
+    assert e.shares["runqueue_wait"] > 0.7
+
+
+def test_an_old_fault_in_the_baseline_does_not_hide_a_new_one():
+    ws = history(n_calm=10, faulty=[(SLOW_TAIL, {"runqueue_s": 60.0})] * 2)
+    ws += [window(t) for t in range(12, 30)]
+    ws += [window(30, SLOW_TAIL, runqueue_s=60.0)]
+    e = explain("svc", {"svc": ws}, recent_s=1.0)
+    assert e.top_cause == "runqueue_wait"
+    assert e.growth_s == pytest.approx(0.19 - 0.0199)
+
+
+def test_jitter_goes_to_the_cause_that_moves_with_p99_window_by_window():
+    rng = np.random.default_rng(3)
+    ws = []
+    for t in range(60):
+        tail = int(rng.integers(0, 6))
+        ws.append(window(t, (0, 100 - tail, 0, 0, tail, 0, 0), runqueue_s=0.5 * tail + 0.01,
+                         blocking_s=float(rng.uniform(0.01, 0.5))))
+    e = explain("svc", {"svc": ws})
+    assert e.jitter_s > 0.01
+    assert e.jitter_shares["runqueue_wait"] > 0.7      # P99 is not linear in the tail count: R^2 < 1
+    assert sum(e.jitter_shares.values()) <= 1.0 + 1e-9
+    assert e.jitter_shares.get("blocking_syscalls", 0.0) < 0.1
+
+
+def test_too_few_windows_say_warming_up_and_name_no_cause():
+    e = explain("svc", {"svc": history(n_calm=3, faulty=[(SLOW_TAIL, {})])}, recent_s=1.0)
+    assert e.verdict.startswith("warming up")
+    assert e.shares == {} and e.top_cause == "" and e.confidence == 0.0
+
+
+def test_transport_causes_read_tls_handshakes_and_retransmits_per_request():
+    calm = {("tls_handshake", ""): per_event(0.0001, 1), ("tcp_rtt", "inference"): per_event(0.003)}
+    hand = {("tls_handshake", ""): per_event(0.5), ("tcp_rtt", "inference"): per_event(0.003)}
+    ws = [window(t, extra=calm) for t in range(20)] + [window(20, (0, 95, 5, 0, 0, 0, 0), extra=hand)]
+    e = explain("svc", {"svc": ws}, recent_s=1.0)
+    assert e.top_cause == "tls_handshake"
+    assert e.evidence["tls_handshake"]["recent"] == pytest.approx(0.005)
+    w = window(0, extra=calm)
+    w.counters[("tcp_retransmits", "inference")] = 1.0      # 1 in 100 requests: reaches the P99
+    assert attribution.causes.retransmits(w).value_s == pytest.approx(attribution.causes.MIN_RTO_S)
+
+
+def test_status_form_carries_what_the_daemon_exports():
+    e = explain("svc", {"svc": history(faulty=[(SLOW_TAIL, {"runqueue_s": 60.0})])}, recent_s=1.0)
+    status = e.as_status()
+    assert set(status) >= {"verdict", "top_cause", "shares", "confidence", "evidence"}
+    assert 0.0 < status["confidence"] <= 1.0
+    assert status["top_cause"] == "runqueue_wait"
