@@ -4,6 +4,7 @@ server, the tools, the TLS sidecar and the gateway; a state file records what
 runs where, for `down`, tests and benches."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
@@ -53,23 +54,29 @@ def free_ports(n: int) -> list[int]:
 
 
 def init_run_dir(run_dir: Path) -> dict[str, Path]:
-    """Create the run dir, a 0600 admin token and a self-signed certificate, each only if missing."""
+    """Create the run dir, a 0600 admin token and a self-signed certificate, each only if missing.
+    Safe when several services' units run it at once (one at a time, under a lock file)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    token = run_dir / "admin.token"
-    if not token.exists():
-        fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_urlsafe(32) + "\n")
-    cert, key = run_dir / "tls.crt", run_dir / "tls.key"
-    if not (cert.exists() and key.exists()):
-        openssl = shutil.which("openssl")
-        if not openssl:
-            raise RuntimeError("the openssl command is missing; install it (apt-get install openssl) "
-                               "to create the sidecar's certificate")
-        subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "365",
-                        "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-                        "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
-        os.chmod(key, 0o600)
+    token, cert, key = run_dir / "admin.token", run_dir / "tls.crt", run_dir / "tls.key"
+    with open(run_dir / ".init.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not token.exists():
+            fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(32) + "\n")
+        if not (cert.exists() and key.exists()):
+            openssl = shutil.which("openssl")
+            if not openssl:
+                raise RuntimeError("the openssl command is missing; install it (apt-get install openssl) "
+                                   "to create the sidecar's certificate")
+            old_umask = os.umask(0o077)
+            try:
+                subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "365",
+                                "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+                                "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+            finally:
+                os.umask(old_umask)
+            os.chmod(cert, 0o644)
     return {"token_file": token, "cert": cert, "key": key}
 
 

@@ -1,0 +1,156 @@
+"""The agent gateway over real HTTP, real Redis and real tool processes: the
+intent gate, the three cache levels, parallel tools, the breaker, the rate
+limit and the LLM call through the TLS sidecar."""
+from __future__ import annotations
+
+import hashlib
+import time
+
+import redis
+
+from reference_stack.corpus import rewordings
+
+
+def test_chitchat_skips_the_tools_and_the_caches(stack):
+    status, body = stack.query("tell me a joke")
+    assert status == 200, body
+    assert body["tools"] == [] and body["cache"] is None and body["answer"]
+
+
+def test_cache_levels_lru_then_redis_then_vector(stack):
+    query = "compare the weather in Vienna and Dublin"
+    status, first = stack.query(query)
+    assert status == 200 and first["cache"] == "miss" and not first["degraded"], first
+    assert {c["tool"] for c in first["tools"]} == {"weather", "calculator"}
+
+    assert stack.query(query)[1]["cache"] == "lru"
+
+    key = "slotune:tools:" + hashlib.sha256(query.encode()).hexdigest()
+    r = redis.Redis(port=stack.state["redis_port"])
+    assert r.exists(key) and 0 < r.ttl(key) <= 300
+
+    status, body = stack.admin("gateway", "POST", {"level": "lru"}, path="/admin/cache/flush")
+    assert status == 200, body
+    assert stack.query(query)[1]["cache"] == "redis"
+    assert stack.query(query)[1]["cache"] == "lru"     # a Redis hit refills the LRU
+
+    paraphrase = rewordings(query)[0]                   # "Compare the weather in Vienna and Dublin?"
+    assert paraphrase != query
+    status, body = stack.query(paraphrase)
+    assert status == 200 and body["cache"] == "vector" and body["tools"] == [], body
+
+    other_city = stack.query("compare the weather in Vienna and Prague")[1]
+    assert other_city["cache"] == "miss"                # not close enough to reuse Dublin's answer
+
+
+def test_independent_tools_run_in_parallel_and_dependents_after(stack):
+    before = {name: stack.settings(name) for name in ("weather", "search")}
+    stack.patch("weather", latency_ms=300, latency_sigma=0)
+    stack.patch("search", latency_ms=300, latency_sigma=0)
+    try:
+        status, body = stack.query("plan a trip to Oslo, Lima and Cairo: weather and top sights")
+    finally:
+        for name, settings in before.items():
+            stack.patch(name, **settings)
+    assert status == 200 and body["cache"] == "miss", body
+    calls = {c["id"]: c for c in body["tools"]}
+    lookups = [c for c in calls.values() if c["tool"] in ("weather", "search")]
+    assert len(lookups) == 6 and all(c["outcome"] == "ok" for c in lookups)
+    # All six were in flight at once: each started before any of them ended.
+    assert max(c["started_s"] for c in lookups) < min(c["ended_s"] for c in lookups)
+    calc = calls["calculator"]
+    weather = [c for c in lookups if c["tool"] == "weather"]
+    assert calc["started_s"] >= max(c["ended_s"] for c in weather)
+    assert calc["args"]["values"] == [c["result"]["temp_c"] for c in weather]
+
+
+def test_failing_tool_opens_its_breaker_and_answers_degraded(stack):
+    stack.patch("weather", failure_rate=1.0)
+    rejected_before = stack.metric("gateway", "gateway_tool_calls_total", tool="weather", outcome="rejected")
+    try:
+        outcomes = []
+        for day in range(40):                           # the window may still hold earlier successes
+            status, body = stack.query(f"what is the weather in Paris on day {day}")
+            assert status == 200 and body["degraded"], body
+            outcomes += [c["outcome"] for c in body["tools"] if c["tool"] == "weather"]
+            if outcomes[-1] == "rejected":
+                break
+        assert outcomes[-1] == "rejected", outcomes
+        assert set(outcomes[:-1]) == {"error"} and len(outcomes) > 5   # opened after the 5-call minimum
+        assert stack.metric("gateway", "gateway_breaker_open", tool="weather") == 1
+        assert stack.metric("gateway", "gateway_tool_calls_total", tool="weather",
+                            outcome="rejected") > rejected_before
+        assert stack.query("what is the weather in Paris")[1]["cache"] == "miss"   # degraded answers not cached
+    finally:
+        stack.patch("weather", failure_rate=0.0)
+    deadline = time.monotonic() + 30                    # half-open probe after the 1 s cooldown closes it
+    while stack.metric("gateway", "gateway_breaker_open", tool="weather") == 1 and time.monotonic() < deadline:
+        stack.query(f"what is the weather in Oslo {time.monotonic()}")
+        time.sleep(0.3)
+    assert stack.metric("gateway", "gateway_breaker_open", tool="weather") == 0
+
+
+def test_rate_limit_refuses_with_429(stack):
+    limited_before = stack.metric("gateway", "gateway_rate_limited_total")
+    stack.patch("gateway", rate_limit_rps=1)
+    try:
+        results = stack.concurrently(stack.query, ["hello"] * 8)
+    finally:
+        stack.patch("gateway", rate_limit_rps=0)
+    codes = sorted(status for status, _ in results)
+    assert 200 in codes and 429 in codes, codes
+    assert stack.metric("gateway", "gateway_rate_limited_total") - limited_before == codes.count(429)
+    assert all("rate limited" in body["error"] for status, body in results if status == 429)
+
+
+def test_trace_sampling_follows_its_setting(stack):
+    stack.patch("gateway", trace_sample_rate=1.0)
+    try:
+        sampled = [stack.query("good morning")[1] for _ in range(3)]
+        stack.patch("gateway", trace_sample_rate=0.0)
+        unsampled = [stack.query("good morning")[1] for _ in range(3)]
+    finally:
+        stack.patch("gateway", trace_sample_rate=0.1)
+    assert all("trace_id" in b for b in sampled) and not any("trace_id" in b for b in unsampled)
+    traces = next(stack.run_dir.glob("gateway-*-traces.jsonl")).read_text()
+    assert all(b["trace_id"] in traces for b in sampled)
+
+
+def test_llm_via_sidecar_handshakes_per_request_only_without_reuse(stack):
+    stack.patch("gateway", llm_via_sidecar=True)
+    try:
+        def handshakes_for(n):
+            before = stack.metric("sidecar", "sidecar_handshakes_total")
+            for _ in range(n):
+                status, body = stack.query("how are you")
+                assert status == 200, body
+            return stack.metric("sidecar", "sidecar_handshakes_total") - before
+
+        stack.patch("sidecar", reuse_connections=True)
+        stack.query("how are you")                       # opens the kept-alive connection
+        reused = handshakes_for(5)
+        stack.patch("sidecar", reuse_connections=False)
+        fresh = handshakes_for(5)
+    finally:
+        stack.patch("sidecar", reuse_connections=True)
+        stack.patch("gateway", llm_via_sidecar=False)
+    assert reused == 0
+    assert fresh >= 4                                    # the first may still ride the old connection
+    assert stack.metric("sidecar", "sidecar_request_duration_seconds_count") >= 11
+
+
+def test_blocking_io_fault_writes_and_syncs_on_the_request_path(stack):
+    scratch = list(stack.run_dir.glob("gateway-*.blocking"))
+    assert scratch == []
+    stack.patch("gateway", blocking_io_ms=20)
+    try:
+        assert stack.query("hello")[0] == 200
+    finally:
+        stack.patch("gateway", blocking_io_ms=0)
+    (scratch,) = stack.run_dir.glob("gateway-*.blocking")
+    assert scratch.stat().st_size == 4096
+
+
+def test_bad_query_is_refused_with_the_shape_expected(stack):
+    status, body = stack.http("POST", stack.state["query_url"], {"q": "hello"})
+    assert status == 400 and '{"query"' in body["error"]
