@@ -12,8 +12,9 @@ import pynvml
 log = logging.getLogger("slotune.nvml")
 
 # Errors that mean "this GPU or driver will never answer this call": skip the field for good.
+# (pynvml raises NVMLLibraryMismatchError when a driver older than it lacks a versioned call.)
 NEVER_ANSWERS = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound,
-                 pynvml.NVMLError_NoPermission)
+                 pynvml.NVMLError_NoPermission, pynvml.NVMLLibraryMismatchError)
 
 # Clock-event (throttle) reasons, one flag each, named as users read them.
 CLOCK_EVENT_REASONS = {

@@ -133,7 +133,12 @@ class NvmlCollector:
         except pynvml.NVMLError as exc:
             self._down(*explain_failure(exc))
             return
-        count = self.nvml.nvmlDeviceGetCount()
+        try:
+            count = self.nvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as exc:
+            self.nvml.nvmlShutdown()
+            self._down(f"NVML started but cannot count the GPUs ({exc})", NO_GPU_FIX)
+            return
         for index in range(count):
             try:
                 self.devices.append(GpuDevice(self.nvml, index, self._report_skip))
@@ -187,10 +192,13 @@ class NvmlCollector:
 
     def _report_skip(self, field_name: str, device: GpuDevice, exc: Exception) -> None:
         """Each field that a GPU cannot give is listed once in the log, then skipped."""
-        key = f"{field_name}:{type(exc).__name__}"
+        self._log_once(f"{field_name}:{type(exc).__name__}", "nvml: %s not available on %s (%s): skipped",
+                       field_name, device, exc)
+
+    def _log_once(self, key: str, message: str, *args) -> None:
         if key not in self._reported:
             self._reported.add(key)
-            log.info("nvml: %s not available on %s (%s): skipped", field_name, device, exc)
+            log.info(message, *args)
 
     def _register_xid_events(self) -> None:
         try:
@@ -215,7 +223,8 @@ class NvmlCollector:
             except pynvml.NVMLError_Timeout:
                 return
             except pynvml.NVMLError as exc:  # GPU lost or the like: the GPU reads below find out which
-                self._report_skip("xid_events", self.devices[0], exc)
+                self._log_once(f"xid_wait:{type(exc).__name__}", "nvml: waiting for XID events failed (%s); "
+                               "trying again next sweep", exc)
                 return
             if not event.eventType & pynvml.nvmlEventTypeXidCriticalError:
                 continue

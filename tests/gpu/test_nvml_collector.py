@@ -194,3 +194,12 @@ def test_services_can_change_and_close_frees_everything_twice_safely():
     assert not collector.up and fake.initialised == 0
     assert fake.calls["nvmlGpmSampleFree"] == 2 and fake.calls["nvmlEventSetFree"] == 1
     assert collector.collect(1.0, 2.0) == []
+
+
+def test_a_gpu_already_lost_at_start_is_left_out_and_the_rest_is_watched(caplog):
+    lost, fine = FakeGpu("GPU-gone", lost=True), FakeGpu("GPU-fine", processes={100: GIB})
+    with caplog.at_level(logging.ERROR, logger="slotune.nvml"):
+        collector, _ = started(lost, fine)
+    assert [str(d) for d in collector.devices] == ["GPU 1 (NVIDIA H200, GPU-fine)"]
+    assert any("GPU 0 cannot be opened" in r.getMessage() for r in caplog.records)
+    assert by_service(collector.collect(0.0, 1.0))["inference"].gauges[("gpu_memory_bytes", "")] == GIB
