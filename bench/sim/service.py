@@ -1,0 +1,99 @@
+"""A service with FIFO queue and `workers` parallel workers, heavy-tailed (lognormal)
+service times, and a limiter in front (concurrency limit and/or token-bucket rate limit)
+whose settings a throttle policy retunes every INTERVAL_S from 1-second windows."""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from tuners import throttle
+
+
+@dataclass(frozen=True)
+class ServiceModel:
+    workers: int
+    median_s: float        # lognormal service-time median
+    sigma: float           # lognormal shape (1-1.5 = heavy tail)
+    slo_s: float
+
+    @property
+    def mean_s(self) -> float:
+        return self.median_s * float(np.exp(self.sigma ** 2 / 2))
+
+    @property
+    def capacity_rps(self) -> float:
+        return self.workers / self.mean_s
+
+
+def quantiles(lat: np.ndarray) -> tuple[float, float, float]:
+    if lat.size == 0:
+        return 0.0, 0.0, 0.0
+    q = np.quantile(lat, (0.5, 0.9, 0.99))
+    return float(q[0]), float(q[1]), float(q[2])
+
+
+def run(policy, model: ServiceModel, arrivals: np.ndarray, slowdown: np.ndarray,
+        settings: dict[str, float], rng: np.random.Generator, duration: int):
+    """Simulate; returns per-second arrays (goodput, p99, setting) and totals."""
+    service = rng.lognormal(np.log(model.median_s), model.sigma, arrivals.size)
+    state = policy.initial_state(settings)
+    limit = settings.get("concurrency_limit", float("inf"))
+    rate = settings.get("rate_limit_rps", float("inf"))
+    tokens, last_t = (0.0 if rate != float("inf") else 1.0), 0.0
+    free = [0.0] * model.workers
+    in_flight: list[float] = []
+    done = [[] for _ in range(duration + 64)]
+    waits = [[] for _ in range(duration + 64)]
+    offered = np.zeros(duration)
+    rejected = np.zeros(duration)
+    peak = np.zeros(duration)
+    setting_trace = np.zeros(duration)
+    p99s = np.zeros(duration)
+    good = np.zeros(duration)
+    tick = 1
+    heappush, heappop = heapq.heappush, heapq.heappop
+    n = arrivals.size
+    i = 0
+    while tick <= duration:
+        # admit every arrival before the tick
+        while i < n and arrivals[i] < tick:
+            t = arrivals[i]
+            sec = int(t)
+            offered[sec] += 1
+            while in_flight and in_flight[0] <= t:
+                heappop(in_flight)
+            if rate != float("inf"):
+                tokens = min(max(1.0, rate * 0.1), tokens + (t - last_t) * rate)
+            last_t = t
+            if len(in_flight) >= limit or tokens < 1.0:
+                rejected[sec] += 1
+            else:
+                if rate != float("inf"):
+                    tokens -= 1.0
+                start = max(t, heappop(free))
+                finish = start + service[i] * slowdown[min(sec, duration - 1)]
+                heappush(free, finish)
+                heappush(in_flight, finish)
+                if len(in_flight) > peak[sec]:
+                    peak[sec] = len(in_flight)
+                done[min(int(finish), duration + 63)].append(finish - t)
+                waits[min(int(finish), duration + 63)].append(start - t)
+            i += 1
+        w = tick - 1
+        lat = np.asarray(done[w])
+        p50, p90, p99 = quantiles(lat)
+        p99s[w] = p99
+        good[w] = np.count_nonzero(lat <= model.slo_s)
+        if tick % int(throttle.INTERVAL_S) == 0:
+            obs = throttle.Observation(now=float(tick), slo_s=model.slo_s, p50_s=p50, p90_s=p90, p99_s=p99,
+                                       arrival_rps=offered[w], completed_rps=float(lat.size), goodput_rps=good[w],
+                                       rejected_rps=rejected[w], in_flight=max(peak[w], len(in_flight)),
+                                       queue_p99_s=quantiles(np.asarray(waits[w]))[2])
+            state, decision = policy.decide(state, obs)
+            limit = decision.changes.get("concurrency_limit", limit)
+            rate = decision.changes.get("rate_limit_rps", rate)
+        setting_trace[w] = limit if limit != float("inf") else rate
+        tick += 1
+    return {"goodput": good, "p99": p99s, "offered": offered, "setting": setting_trace}

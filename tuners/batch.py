@@ -1,0 +1,158 @@
+"""Batch tuner: the dynamic batcher's max batch size and max queue delay under a P99 SLO.
+
+Settings it changes: "max_batch_size" (requests per batch) and "max_queue_delay_ms"
+(how long the oldest queued request may wait for the batch to fill).
+The observation carries the batches run in the window: (size, count, mean compute s)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from tuners.base import Decision, Policy, changed, clamp, setting
+
+INTERVAL_S = 5.0
+SIZE_BOUNDS = (1.0, 128.0)
+DELAY_BOUNDS_MS = (0.0, 1000.0)
+
+
+@dataclass(frozen=True)
+class Observation:
+    now: float
+    slo_s: float                  # P99 end-to-end latency objective (queue + batch)
+    p99_s: float                  # end-to-end P99 of requests completed in the window (0 when none)
+    arrival_rps: float
+    goodput_rps: float            # completed within the SLO
+    batches: tuple[tuple[int, int, float], ...] = ()  # (batch size, batches run, mean compute seconds)
+
+
+def _sizes(settings) -> tuple[float, float]:
+    return (clamp(setting(settings, "max_batch_size", "batch"), *SIZE_BOUNDS),
+            clamp(setting(settings, "max_queue_delay_ms", "batch"), *DELAY_BOUNDS_MS))
+
+
+@dataclass(frozen=True)
+class SizeState:
+    size: float
+    delay_ms: float
+    last_change: float = -math.inf
+    done: bool = False  # triton: search finished
+
+
+def _size_init(settings):
+    return SizeState(*_sizes(settings))
+
+
+def _move(state: SizeState, size: float, why: str, now: float, **extra):
+    size = clamp(float(int(size)), *SIZE_BOUNDS)
+    return (replace(state, size=size, last_change=now, **extra),
+            Decision(changed(state.size, size, "max_batch_size"), why))
+
+
+# --- whitepaper 2.3: b = ((0.8*SLO - 8.3 ms) / (2.1 ms * 1.28))^2, clamp 1..128, every 30 s
+def whitepaper_size(slo_ms: float) -> int:
+    return max(1, min(128, int(((slo_ms * 0.8 - 8.3) / (2.1 * 1.28)) ** 2))) if slo_ms * 0.8 > 8.3 else 1
+
+
+def _wp_decide(state: SizeState, obs: Observation):
+    if obs.now - state.last_change < 30.0:
+        return state, Decision({}, "whitepaper recomputes every 30 s")
+    if obs.p99_s <= 0:
+        return _move(state, 1, "no latency measured: b = 1", obs.now)
+    return _move(state, whitepaper_size(obs.slo_s * 1e3), f"b = ((0.8*{obs.slo_s * 1e3:.0f} - 8.3)/2.69)^2", obs.now)
+
+
+# --- Clipper AIMD: add to the batch size until a batch takes longer than the SLO, then x0.9
+CLIPPER_STEP = 2
+
+
+def _clipper_decide(state: SizeState, obs: Observation):
+    if not obs.batches:
+        return state, Decision({}, "no batches ran")
+    slowest = max(mean for _, _, mean in obs.batches)
+    if slowest > obs.slo_s:
+        return _move(state, state.size * 0.9, f"batch took {slowest * 1e3:.0f} ms > SLO: x0.9", obs.now)
+    return _move(state, state.size + CLIPPER_STEP, f"batch {slowest * 1e3:.0f} ms within SLO: +{CLIPPER_STEP}", obs.now)
+
+
+# --- Triton's advice (model analyzer): double the batch size while P99 stays within the
+# latency budget; on the first breach step back to the last good size and stay there
+def _triton_decide(state: SizeState, obs: Observation):
+    if state.done or obs.p99_s <= 0:
+        return state, Decision({}, "search finished" if state.done else "no latency measured")
+    if obs.p99_s > obs.slo_s:
+        return _move(state, max(1.0, state.size / 2), "P99 over budget: back to the last good size", obs.now, done=True)
+    return _move(state, state.size * 2, "P99 within budget: double", obs.now)
+
+
+# --- slotune: fit batch time = a + c*b from the observed batches, then take the largest b
+# whose worst case (wait for one running batch, then run its own) fits the SLO; while P99
+# is over the SLO anyway (a backlog), grow by half each decision to drain it, then decay back.
+@dataclass(frozen=True)
+class FitState:
+    size: float
+    delay_ms: float
+    n: float = 0.0      # exponentially forgotten sums for the least-squares fit
+    sb: float = 0.0
+    st: float = 0.0
+    sbb: float = 0.0
+    sbt: float = 0.0
+
+
+MARGIN = 1.0     # two back-to-back batches within the SLO (their worst case is rare)
+FORGET = 0.7     # weight kept by older windows at each decision
+
+
+def _fit_init(settings):
+    return FitState(*_sizes(settings))
+
+
+def fit_latency(state: FitState) -> tuple[float, float] | None:
+    """(a, c) of batch time = a + c*b, or None until two batch sizes were seen."""
+    det = state.n * state.sbb - state.sb ** 2
+    if state.n <= 0 or det <= 1e-12 * max(1.0, state.n * state.sbb):
+        return None
+    c = (state.n * state.sbt - state.sb * state.st) / det
+    a = (state.st - c * state.sb) / state.n
+    return max(a, 0.0), max(c, 1e-9)
+
+
+def _slotune_decide(state: FitState, obs: Observation):
+    f = FORGET
+    n, sb, st, sbb, sbt = (state.n * f, state.sb * f, state.st * f, state.sbb * f, state.sbt * f)
+    for size, count, mean in obs.batches:
+        n += count
+        sb += count * size
+        st += count * mean
+        sbb += count * size * size
+        sbt += count * size * mean
+    nxt = replace(state, n=n, sb=sb, st=st, sbb=sbb, sbt=sbt)
+    model = fit_latency(nxt)
+    if model is None:  # explore: one bigger size teaches the slope
+        return _move_fit(nxt, state.size * 2 if obs.batches else state.size, "learning the batch-time slope")
+    a, c = model
+    fits = (MARGIN * obs.slo_s / 2 - a) / c
+    why = f"batch time {a * 1e3:.1f} + {c * 1e3:.2f}*b ms: two batches fit the SLO up to b={fits:.0f}"
+    if obs.p99_s > obs.slo_s and state.size >= fits:  # a backlog: bigger batches drain it faster
+        size, why = state.size * 1.5, why + f"; P99 {obs.p99_s * 1e3:.0f} ms over SLO: grow to drain the queue"
+    elif obs.p99_s > 0.7 * obs.slo_s:
+        size = max(fits, state.size)
+    else:
+        size = max(fits, state.size * 0.8)
+    return _move_fit(nxt, size, why)
+
+
+def _move_fit(state: FitState, size: float, why: str):
+    size = clamp(float(int(size)), *SIZE_BOUNDS)
+    changes = changed(state.size, size, "max_batch_size") | changed(state.delay_ms, 0.0, "max_queue_delay_ms")
+    return replace(state, size=size, delay_ms=0.0), Decision(changes, why)
+
+
+POLICIES = {
+    "slotune": Policy("slotune", "fit a + c*b, largest b whose 2(a+cb) fits the SLO, no queue delay",
+                      _fit_init, _slotune_decide),
+    "whitepaper": Policy("whitepaper", "b = ((0.8*SLO - 8.3)/(2.1*1.28))^2, 1..128, every 30 s",
+                         _size_init, _wp_decide),
+    "clipper_aimd": Policy("clipper_aimd", "Clipper: +2 while batch time <= SLO, x0.9 after", _size_init, _clipper_decide),
+    "triton": Policy("triton", "Triton advice: double b until P99 breaks the budget, keep the last good",
+                     _size_init, _triton_decide),
+}

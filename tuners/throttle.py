@@ -1,0 +1,219 @@
+"""Throttle tuner: a concurrency limit (and for the whitepaper rule, a rate limit)
+that keeps a service's P99 latency under its SLO while carrying as much load as it can.
+
+Settings it changes: "concurrency_limit" (requests in flight; slotune, Gradient2,
+Vegas, Envoy) and "rate_limit_rps" (the whitepaper's token-bucket AIMD).
+The anchors keep their published constants but read one aggregated latency per
+window (the window P50 stands for Netflix's and Envoy's per-request RTT sample)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from tuners.base import Decision, Policy, changed, clamp, setting
+
+INTERVAL_S = 1.0
+LIMIT_BOUNDS = (1.0, 10_000.0)
+RATE_BOUNDS = (0.1, 1_000_000.0)
+
+
+@dataclass(frozen=True)
+class Observation:
+    now: float            # end of the window, seconds
+    slo_s: float          # the service's P99 latency objective
+    p50_s: float          # latency of requests completed in the window (0 when none)
+    p90_s: float
+    p99_s: float
+    arrival_rps: float    # requests offered to the service (admitted + rejected)
+    completed_rps: float
+    goodput_rps: float    # completed within the SLO
+    rejected_rps: float   # refused by the limiter
+    in_flight: float      # peak requests in flight during the window
+    queue_p99_s: float = 0.0  # P99 of the time admitted requests waited in the service's queue
+
+
+def _idle(obs: Observation) -> bool:
+    return obs.completed_rps <= 0 or obs.p50_s <= 0
+
+
+# --- whitepaper: adaptiveThrottle(), rate x0.9 when P99 > SLO else x1.1, every second
+@dataclass(frozen=True)
+class RateState:
+    rate: float
+
+
+def _wp_init(settings):
+    return RateState(clamp(setting(settings, "rate_limit_rps", "throttle"), *RATE_BOUNDS))
+
+
+def _wp_decide(state: RateState, obs: Observation):
+    factor = 0.9 if obs.p99_s > obs.slo_s else 1.1
+    rate = clamp(state.rate * factor, *RATE_BOUNDS)
+    why = f"P99 {obs.p99_s * 1e3:.0f} ms {'>' if factor < 1 else '<='} SLO {obs.slo_s * 1e3:.0f} ms: rate x{factor}"
+    return RateState(rate), Decision(changed(state.rate, rate, "rate_limit_rps"), why)
+
+
+# --- Netflix concurrency-limits Gradient2Limit (defaults: smoothing 0.2, rttTolerance 1.5,
+# longWindow 600 with a 10-sample warm-up, queueSize 4; app-limited when inflight < limit/2)
+@dataclass(frozen=True)
+class Gradient2State:
+    limit: float
+    long_rtt: float = 0.0
+    samples: int = 0
+
+
+def _limit_init(settings):
+    return clamp(setting(settings, "concurrency_limit", "throttle"), *LIMIT_BOUNDS)
+
+
+def _g2_init(settings):
+    return Gradient2State(_limit_init(settings))
+
+
+def _exp_avg(value: float, count: int, sample: float, window: int = 600, warmup: int = 10) -> float:
+    """Netflix ExpAvgMeasurement: plain mean during warm-up, then an EMA with 2/(window+1)."""
+    if count < warmup:
+        return (value * count + sample) / (count + 1)
+    factor = 2.0 / (window + 1)
+    return value * (1 - factor) + sample * factor
+
+
+def _g2_decide(state: Gradient2State, obs: Observation):
+    if _idle(obs):
+        return state, Decision({}, "no completed requests")
+    short_rtt = obs.p50_s
+    long_rtt = _exp_avg(state.long_rtt, state.samples, short_rtt)
+    if long_rtt / short_rtt > 2:
+        long_rtt *= 0.95
+    nxt = Gradient2State(state.limit, long_rtt, state.samples + 1)
+    if obs.in_flight < state.limit / 2:
+        return nxt, Decision({}, "app-limited: in flight < limit/2")
+    gradient = clamp(1.5 * long_rtt / short_rtt, 0.5, 1.0)
+    new = state.limit * gradient + 4
+    new = state.limit * 0.8 + new * 0.2
+    new = clamp(new, *LIMIT_BOUNDS)
+    return replace(nxt, limit=new), Decision(changed(state.limit, new, "concurrency_limit"),
+                                             f"gradient {gradient:.2f} (long {long_rtt * 1e3:.1f} ms / short {short_rtt * 1e3:.1f} ms)")
+
+
+# --- Netflix VegasLimit (defaults: alpha 3*log10(limit), beta 6*log10, threshold log10,
+# +-log10(limit) steps, log10 of an int floored and at least 1, smoothing 1.0, probe every 30*limit samples)
+@dataclass(frozen=True)
+class VegasState:
+    limit: float
+    rtt_noload: float = 0.0
+    probe_count: int = 0
+
+
+def _log10(limit: float) -> int:
+    return max(1, int(math.log10(max(1, int(limit)))))
+
+
+def _vegas_init(settings):
+    return VegasState(_limit_init(settings))
+
+
+def _vegas_decide(state: VegasState, obs: Observation):
+    if _idle(obs):
+        return state, Decision({}, "no completed requests")
+    rtt = obs.p50_s
+    if state.probe_count + 1 > 30 * state.limit:
+        return VegasState(state.limit, rtt, 0), Decision({}, "probe: reset rtt_noload")
+    if state.rtt_noload == 0 or rtt < state.rtt_noload:
+        return VegasState(state.limit, rtt, state.probe_count + 1), Decision({}, "new rtt_noload")
+    nxt = VegasState(state.limit, state.rtt_noload, state.probe_count + 1)
+    if obs.in_flight * 2 < state.limit:
+        return nxt, Decision({}, "app-limited")
+    queue = math.ceil(state.limit * (1 - state.rtt_noload / rtt))
+    log = _log10(state.limit)
+    if queue <= log:
+        new = state.limit + 6 * log
+    elif queue < 3 * log:
+        new = state.limit + log
+    elif queue > 6 * log:
+        new = state.limit - log
+    else:
+        return nxt, Decision({}, f"queue {queue} within alpha..beta")
+    new = clamp(new, *LIMIT_BOUNDS)
+    return replace(nxt, limit=new), Decision(changed(state.limit, new, "concurrency_limit"), f"estimated queue {queue}")
+
+
+# --- Envoy adaptive concurrency gradient controller (defaults: sample P50, buffer 25 %,
+# min RTT recomputed every 60 s at min_concurrency 3 over 50 requests; gradient clamped
+# 0.5..2, headroom sqrt(limit), max 1000). Runs at the tuner's 1 s cadence, not 100 ms.
+@dataclass(frozen=True)
+class EnvoyState:
+    limit: float
+    min_rtt: float = 0.0
+    next_min_rtt_at: float = 0.0
+    measuring: bool = False
+    saved_limit: float = 0.0
+    measured: int = 0
+
+
+def _envoy_init(settings):
+    return EnvoyState(_limit_init(settings))
+
+
+def _envoy_decide(state: EnvoyState, obs: Observation):
+    if not state.measuring and obs.now >= state.next_min_rtt_at:
+        nxt = replace(state, measuring=True, saved_limit=state.limit, limit=3.0, measured=-1)
+        return nxt, Decision(changed(state.limit, 3.0, "concurrency_limit"), "min RTT window: pin to 3")
+    if state.measuring:  # the first window after the pin only drains the queue built before it
+        count = 0 if state.measured < 0 else state.measured + int(round(obs.completed_rps * INTERVAL_S))
+        if count < 50 or _idle(obs):
+            return replace(state, measured=count), Decision({}, f"min RTT window: {count}/50 requests")
+        nxt = replace(state, measuring=False, min_rtt=obs.p50_s, limit=state.saved_limit,
+                      next_min_rtt_at=obs.now + 60.0)
+        return nxt, Decision(changed(3.0, state.saved_limit, "concurrency_limit"),
+                             f"min RTT {obs.p50_s * 1e3:.1f} ms, limit restored")
+    if _idle(obs):
+        return state, Decision({}, "no completed requests")
+    gradient = clamp(state.min_rtt * 1.25 / obs.p50_s, 0.5, 2.0)
+    limit = state.limit * gradient
+    new = clamp(limit + math.sqrt(limit), 1.0, 1000.0)
+    return replace(state, limit=new), Decision(changed(state.limit, new, "concurrency_limit"), f"gradient {gradient:.2f}")
+
+
+# --- slotune: keep the queueing part of P99 inside what the SLO leaves after service time
+@dataclass(frozen=True)
+class SlotuneState:
+    limit: float
+
+
+def _slotune_init(settings):
+    return SlotuneState(_limit_init(settings))
+
+
+TARGET = 0.8  # aim P99 at 80 % of the SLO
+
+
+def _slotune_decide(state: SlotuneState, obs: Observation):
+    if _idle(obs):
+        return state, Decision({}, "no completed requests")
+    service_tail = max(0.0, obs.p99_s - obs.queue_p99_s)
+    budget = max(TARGET * obs.slo_s - service_tail, 0.25 * service_tail)  # queue wait the SLO allows
+    binding = obs.rejected_rps > 0 or obs.in_flight >= 0.9 * state.limit
+    slack = 0.1 * budget
+    if obs.queue_p99_s > budget:
+        factor = clamp((budget + slack) / (obs.queue_p99_s + slack), 0.5, 0.95)
+        why = f"queue P99 {obs.queue_p99_s * 1e3:.0f} ms over its {budget * 1e3:.0f} ms budget: x{factor:.2f}"
+    elif binding:
+        factor = clamp((budget + slack) / (obs.queue_p99_s + slack), 1.0, 1.1)
+        why = f"limit binding, queue P99 {obs.queue_p99_s * 1e3:.0f} ms within {budget * 1e3:.0f} ms: x{factor:.2f}"
+    else:
+        factor = 1.0
+        why = "limit not binding"
+    new = clamp(state.limit * factor, *LIMIT_BOUNDS)
+    return SlotuneState(new), Decision(changed(state.limit, new, "concurrency_limit"), why)
+
+
+POLICIES = {
+    "slotune": Policy("slotune", "concurrency limit steered by queue-wait P99 vs the SLO left after service time",
+                      _slotune_init, _slotune_decide),
+    "whitepaper": Policy("whitepaper", "rate x0.9 if P99 > SLO else x1.1, every second", _wp_init, _wp_decide),
+    "gradient2": Policy("gradient2", "Netflix Gradient2Limit, published defaults", _g2_init, _g2_decide),
+    "vegas": Policy("vegas", "Netflix VegasLimit, published defaults", _vegas_init, _vegas_decide),
+    "envoy": Policy("envoy", "Envoy adaptive concurrency gradient controller, published defaults",
+                    _envoy_init, _envoy_decide),
+}
