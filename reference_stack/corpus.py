@@ -43,30 +43,35 @@ def rewordings(query: str) -> list[str]:
     return [v for v in variants if v != q]
 
 
-def base_queries(rng: random.Random, n_tool: int = 300) -> list[str]:
-    """A fixed pool of distinct tool queries plus all chit-chat, in random order."""
+def tool_queries(rng: random.Random, n_tool: int = 300) -> list[str]:
+    """A fixed pool of distinct tool queries, in random order."""
     pool = set()
     while len(pool) < n_tool:
         c1, c2, c3 = rng.sample(CITIES, 3)
         t1 = rng.choice(TOPICS)
         n1, n2, n3 = (rng.randint(2, 99) for _ in range(3))
         pool.add(rng.choice(TOOL_TEMPLATES).format(c1=c1, c2=c2, c3=c3, t1=t1, n1=n1, n2=n2, n3=n3))
-    out = sorted(pool) + CHITCHAT
+    out = sorted(pool)
     rng.shuffle(out)
     return out
 
 
 class QueryStream:
-    """Endless queries: popularity ~ 1/rank^zipf_s over the pool; reword_prob of them reworded."""
+    """Endless queries: chat_share of them chit-chat, the rest tool queries with popularity
+    ~ 1/rank^zipf_s over the pool; reword_prob of all of them reworded."""
 
-    def __init__(self, seed: int = 7, zipf_s: float = 1.0, reword_prob: float = 0.2, n_tool: int = 300):
+    def __init__(self, seed: int = 7, zipf_s: float = 1.0, reword_prob: float = 0.2, chat_share: float = 0.2,
+                 n_tool: int = 300):
         self.rng = random.Random(seed)
-        self.pool = base_queries(self.rng, n_tool)
+        self.pool = tool_queries(self.rng, n_tool)
         self.weights = [1.0 / (rank + 1) ** zipf_s for rank in range(len(self.pool))]
-        self.reword_prob = reword_prob
+        self.reword_prob, self.chat_share = reword_prob, chat_share
 
     def next(self) -> str:
-        q = self.rng.choices(self.pool, self.weights)[0]
+        if self.rng.random() < self.chat_share:
+            q = self.rng.choice(CHITCHAT)
+        else:
+            q = self.rng.choices(self.pool, self.weights)[0]
         if self.rng.random() < self.reword_prob:
             q = self.rng.choice(rewordings(q))
         return q
@@ -75,7 +80,6 @@ class QueryStream:
 def training_examples() -> list[tuple[str, int]]:
     """Labelled queries for the intent gate: 1 = needs tools, 0 = chit-chat."""
     rng = random.Random(11)
-    tool = base_queries(rng, 200)[:]
-    tool = [q for q in tool if q not in CHITCHAT]
+    tool = tool_queries(rng, 200)
     chat = CHITCHAT + [v for q in CHITCHAT for v in rewordings(q)]
     return [(q, 1) for q in tool] + [(q, 0) for q in chat]
