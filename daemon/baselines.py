@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Iterable, NamedTuple
 
 import numpy as np
-from scipy import stats
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS series (
@@ -234,6 +233,8 @@ class BaselineStore:
              metrics: Iterable[str] | None = None) -> list[MetricDiff]:
         """Per metric: both summaries, the relative change of mean and p99 from a to b,
         and the two-sample KS test of their points. Metrics default to those of either deploy."""
+        from scipy import stats  # 0.9 s to import: only when a diff is asked for
+
         for deploy in (deploy_a, deploy_b):
             self.require(service, environment, deploy_id=deploy)
         if metrics is None:
