@@ -130,6 +130,10 @@ def test_store_survives_kill_9_of_its_writer(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         committed = 0
+        while committed < 10_000:
+            committed = int(child.stdout.readline())
+        with BaselineStore(path, create=False) as reader:  # `slotune baseline` while the daemon writes
+            assert reader.summary("gw", "p99_seconds", "prod").count >= committed
         while committed < 20_000:
             committed = int(child.stdout.readline())
         child.send_signal(signal.SIGKILL)  # mid-transaction: the writer never pauses
