@@ -105,10 +105,14 @@ def _check_row(row) -> tuple:
                        ("deploy_id", deploy_id)):
         if not isinstance(text, str) or not text:
             raise ValueError(f"baseline row {row!r}: {name} must be a non-empty string")
-    if not (math.isfinite(float(value)) and math.isfinite(float(t))):
+    try:
+        value, t = float(value), float(t)
+    except (TypeError, ValueError):
+        value = t = math.nan
+    if not (math.isfinite(value) and math.isfinite(t)):
         raise ValueError(f"baseline row {row!r}: value and t must be finite numbers "
                          "(skip windows that had no data instead of recording nan)")
-    return service, metric, environment, deploy_id, float(t), float(value)
+    return service, metric, environment, deploy_id, t, value
 
 
 class BaselineStore:
@@ -128,6 +132,8 @@ class BaselineStore:
             self._db.execute("PRAGMA synchronous=FULL")
             if create:
                 self._db.executescript(SCHEMA)
+            elif not self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'points'").fetchone():
+                raise sqlite3.DatabaseError("it holds no baseline points table")
         except (OSError, sqlite3.Error) as exc:
             raise OSError(f"cannot open baseline store {self.path}: {exc} "
                           "(the folder must exist or be creatable and be writable; "

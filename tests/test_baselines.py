@@ -98,6 +98,8 @@ def test_bad_rows_are_refused_whole_with_the_reason(store):
     with pytest.raises(ValueError, match="finite"):
         store.record_many([("gw", "p99_seconds", 1.0, 1.0, "prod", "d1"),
                            ("gw", "p99_seconds", float("nan"), 2.0, "prod", "d1")])
+    with pytest.raises(ValueError, match="value and t must be finite numbers"):
+        store.record("gw", "p99_seconds", "fast", 1.0, "prod", "d1")
     with pytest.raises(ValueError, match="deploy_id must be a non-empty string"):
         store.record("gw", "p99_seconds", 1.0, 1.0, "prod", "")
     assert store.list() == []
@@ -111,6 +113,12 @@ def test_unusable_paths_are_named(tmp_path):
         BaselineStore("/proc/slotune/b.sqlite")  # procfs refuses new folders, even to root
     with pytest.raises(FileNotFoundError, match=f"baseline store {tmp_path}/missing.sqlite does not exist"):
         BaselineStore(tmp_path / "missing.sqlite", create=False)
+    (tmp_path / "notes.txt").write_text("not a database")
+    with pytest.raises(OSError, match=f"cannot open baseline store {tmp_path}/notes.txt: file is not a database"):
+        BaselineStore(tmp_path / "notes.txt", create=False)
+    sqlite3.connect(tmp_path / "other.sqlite").execute("CREATE TABLE t (x)")
+    with pytest.raises(OSError, match="other.sqlite: it holds no baseline points table"):
+        BaselineStore(tmp_path / "other.sqlite", create=False)
 
 
 WRITER = textwrap.dedent("""
