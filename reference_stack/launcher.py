@@ -40,6 +40,13 @@ class StackConfig:
     gateway_args: list[str] = field(default_factory=list)      # e.g. ["--breaker-cooldown-s", "30"]
     startup_timeout_s: float = 90.0
 
+    @classmethod
+    def on_free_ports(cls, run_dir: Path, **kwargs) -> "StackConfig":
+        """A config whose every port is free on loopback now (tests, benches, a second stack beside one)."""
+        p = free_ports(5 + len(TOOLS))
+        return cls(run_dir=Path(run_dir), gateway_port=p[0], inference_port=p[1], sidecar_port=p[2],
+                   sidecar_admin_port=p[3], redis_port=p[4], tool_ports=dict(zip(TOOLS, p[5:])), **kwargs)
+
 
 def free_ports(n: int) -> list[int]:
     """n distinct TCP ports free on loopback right now."""
