@@ -57,16 +57,32 @@ def stat_identity(pid: int) -> tuple[str, int] | None:
     return comm, int(fields[19])
 
 
-def cgroup_path(pid: int) -> str | None:
-    """The process's cgroup v2 path, e.g. /system.slice/web.service."""
+def cgroup_paths(pid: int) -> dict[str, str]:
+    """The process's cgroup per hierarchy: "" is cgroup v2 (unified), v1 hierarchies
+    by controller ("memory") or name ("systemd"), e.g. {"": "/system.slice/web.service"}."""
+    out = {}
     try:
         with open(f"/proc/{pid}/cgroup") as f:
             for line in f:
-                if line.startswith("0::"):
-                    return line[3:].strip()
-    except OSError:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                for c in controllers.split(",") if controllers else [""]:
+                    out[c.removeprefix("name=")] = path
+    except (OSError, ValueError):
         pass
-    return None
+    return out
+
+
+def cgroup_target(spec_path: str) -> tuple[str, str]:
+    """(hierarchy, path) a declared cgroup means: /sys/fs/cgroup/web.slice,
+    /web.slice, /sys/fs/cgroup/unified/web.slice (hybrid hosts) or
+    /sys/fs/cgroup/memory/web.slice (a v1 hierarchy)."""
+    rel = "/" + spec_path.removeprefix(CGROUP_ROOT).strip("/")
+    first, _, rest = rel[1:].partition("/")
+    pure_v2 = os.path.exists(f"{CGROUP_ROOT}/cgroup.procs")
+    if not pure_v2 and spec_path.startswith(CGROUP_ROOT + "/") and os.path.isdir(f"{CGROUP_ROOT}/{first}"):
+        # Hybrid or v1 layout: the first component names a hierarchy's mount.
+        return ("" if first == "unified" else first), "/" + rest
+    return "", rel
 
 
 def unit_name(unit: str) -> str:
@@ -74,8 +90,7 @@ def unit_name(unit: str) -> str:
 
 
 def under(path: str, parent: str) -> bool:
-    parent = "/" + parent.removeprefix(CGROUP_ROOT).strip("/")
-    return parent == "/" or path == parent or path.startswith(parent + "/")
+    return parent == "/" or path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
 def threads(pid: int) -> set[int]:
@@ -120,13 +135,14 @@ class Targeting:
             if not cmdline or not pattern.search(cmdline):
                 return False
         if spec.systemd_unit or spec.cgroup:
-            path = cgroup_path(pid)
-            if path is None:
+            paths = cgroup_paths(pid)
+            if spec.systemd_unit and not any(unit_name(spec.systemd_unit) in p.split("/")
+                                             for p in paths.values()):
                 return False
-            if spec.systemd_unit and unit_name(spec.systemd_unit) not in path.split("/"):
-                return False
-            if spec.cgroup and not under(path, spec.cgroup):
-                return False
+            if spec.cgroup:
+                hierarchy, parent = cgroup_target(spec.cgroup)
+                if hierarchy not in paths or not under(paths[hierarchy], parent):
+                    return False
         if spec.port is not None and pid not in listeners.get(spec.port, set()):
             return False
         return True

@@ -1,0 +1,75 @@
+"""Fixtures for the live-kernel probe tests: worker processes that are always
+killed, kernel collectors that are always closed, a unique tag per test so
+command-line matching never catches anyone else's processes."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from daemon.collectors.kernel import KernelCollector
+from daemon.histogram import Histogram
+
+WORKERS = Path(__file__).resolve().parent / "workers"
+pytestmark = pytest.mark.kernel
+
+
+@pytest.fixture
+def tag():
+    return f"slotune-test-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def spawn():
+    """spawn(worker, *args, prefix=[], cpu=None, nice=None) -> Popen with pipes; killed at teardown."""
+    procs = []
+
+    def start(worker, *args, prefix=(), cpu=None, nice=None):
+        def setup():
+            if cpu is not None:
+                os.sched_setaffinity(0, {cpu})
+            if nice is not None:
+                os.setpriority(os.PRIO_PROCESS, 0, nice)
+        p = subprocess.Popen([*prefix, sys.executable, str(WORKERS / f"{worker}.py"), *map(str, args)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=setup)
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=10)
+        for f in (p.stdin, p.stdout):
+            if f:
+                f.close()
+
+
+@pytest.fixture
+def kernel(root_only):
+    """kernel(services, families=None) -> a started KernelCollector, closed at teardown."""
+    made = []
+
+    def start(services, families=None):
+        c = KernelCollector(families)
+        made.append(c)
+        c.start(services)
+        assert c.up, c.start_error
+        return c
+
+    yield start
+    for c in made:
+        c.close()
+
+
+def collected(collector) -> dict:
+    """One interval's Sample per service name."""
+    return {s.service: s for s in collector.collect(0.0, 0.0)}
+
+
+def hist(histograms: dict, key) -> Histogram:
+    return histograms.get(key, Histogram())

@@ -1,0 +1,73 @@
+"""Run-queue wait: a sleeper in service A (nice 19, 100 µs of work per wake-up, so
+it uses more than its fair share) gets a CPU hog pinned beside it and its wait
+shifts by an order of magnitude; service B, sleeping on the other CPU, does
+not shift. The histogram counts one wait per wake-up the test caused plus one per
+preemption (the kernel's own nonvoluntary_ctxt_switches), within 5 %."""
+import os
+import time
+
+from daemon.services import ServiceSpec
+from tests.probes.conftest import collected, hist
+
+WAKEUPS = 150
+SLEEP_S = 0.002
+WORK_S = 0.0001
+KEY = ("runqueue_wait", "")
+
+
+def preemptions(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("nonvoluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    raise AssertionError("no nonvoluntary_ctxt_switches in /proc status")
+
+
+def wait_burning(pid, seconds=0.3):
+    """Until the hog has used `seconds` of CPU (it is past start-up and spinning)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    deadline = time.monotonic() + 20
+    while int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[11]) < seconds * ticks:
+        assert time.monotonic() < deadline, "the hog never got CPU time"
+        time.sleep(0.05)
+
+
+def run_phase(collector, sleepers):
+    """Let the sleepers run their wake-ups; return {service: (histogram, expected waits)}."""
+    collector.refresh()
+    collected(collector)
+    before = {name: preemptions(p.pid) for name, p in sleepers.items()}
+    for p in sleepers.values():
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    for p in sleepers.values():
+        assert p.stdout.readline().strip() == "done"
+    expected = {name: WAKEUPS + preemptions(p.pid) - before[name] for name, p in sleepers.items()}
+    samples = collected(collector)
+    return {name: (hist(samples[name].histograms, KEY), expected[name]) for name in sleepers}
+
+
+def test_hog_beside_a_shifts_a_not_b(kernel, spawn, tag):
+    collector = kernel([ServiceSpec("a", cmdline=f"sleeper.py {tag}-a"),
+                        ServiceSpec("b", cmdline=f"sleeper.py {tag}-b")], ["runqueue"])
+
+    def sleepers():
+        return {"a": spawn("sleeper", f"{tag}-a", WAKEUPS, SLEEP_S, WORK_S, cpu=0, nice=19),
+                "b": spawn("sleeper", f"{tag}-b", WAKEUPS, SLEEP_S, WORK_S, cpu=1)}
+
+    first = sleepers()
+    time.sleep(0.3)
+    quiet = run_phase(collector, first)
+    for p in first.values():
+        p.kill()
+    second = sleepers()
+    wait_burning(spawn("hog", tag, cpu=0).pid)
+    busy = run_phase(collector, second)
+
+    p50 = {phase: {n: h.quantile(0.5) for n, (h, _) in r.items()} for phase, r in (("quiet", quiet), ("busy", busy))}
+    print(f"p50 µs: A {p50['quiet']['a'] * 1e6:.0f} -> {p50['busy']['a'] * 1e6:.0f}, "
+          f"B {p50['quiet']['b'] * 1e6:.0f} -> {p50['busy']['b'] * 1e6:.0f}")
+    for phase in (quiet, busy):
+        for name, (h, expected) in phase.items():
+            assert abs(h.count - expected) <= 0.05 * WAKEUPS, f"{name}: counted {h.count}, caused {expected}"
+    assert p50["busy"]["a"] >= 10 * p50["quiet"]["a"]
+    assert p50["busy"]["b"] < 10 * p50["quiet"]["b"]

@@ -1,0 +1,3 @@
+"""Test worker: burns CPU until killed. argv: TAG."""
+while True:
+    pass
