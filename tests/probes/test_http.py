@@ -1,0 +1,47 @@
+"""HTTP request latency from the kernel, for a server whose handler sleeps a known
+time: the histogram's median is within 10 % of the sleep and every request is
+counted exactly once (new connections and keep-alive ones alike)."""
+import http.client
+
+from daemon.services import ServiceSpec
+from tests.probes.conftest import collected, hist
+
+SLEEP_S = 0.04
+KEY = ("http_request", "")
+
+
+def test_request_latency_median_and_exact_count(kernel, spawn, tag):
+    server = spawn("http_server", tag, SLEEP_S)
+    port = int(server.stdout.readline())
+    collector = kernel([ServiceSpec("web", cmdline=f"http_server.py {tag}")], ["http"])
+    collected(collector)
+    requests = 0
+    for _ in range(10):                            # a new connection each
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/")
+        assert conn.getresponse().read() == b"ok\n"
+        conn.close()
+        requests += 1
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    for _ in range(15):                            # keep-alive on one connection
+        conn.request("GET", "/")
+        assert conn.getresponse().read() == b"ok\n"
+        requests += 1
+    conn.close()
+    h = hist(collected(collector)["web"].histograms, KEY)
+    print(f"{h.count} requests, p50 {h.quantile(0.5) * 1e3:.1f} ms, mean {h.mean() * 1e3:.1f} ms")
+    assert h.count == requests
+    assert abs(h.quantile(0.5) - SLEEP_S) <= 0.1 * SLEEP_S
+
+
+def test_a_service_that_only_talks_gets_no_requests(kernel, spawn, tag):
+    """A client (no accept) is not mistaken for a server."""
+    server = spawn("http_server", tag, 0.0)
+    port = int(server.stdout.readline())
+    client = spawn("tls_pair", "client", f"{tag}-c", port, 5, 0, "plain")
+    collector = kernel([ServiceSpec("client", cmdline=f"tls_pair.py client {tag}-c")], ["http"])
+    collected(collector)
+    client.stdin.write("go\n")
+    client.stdin.flush()
+    assert client.stdout.readline().strip() == "[]"
+    assert KEY not in collected(collector)["client"].histograms
