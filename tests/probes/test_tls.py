@@ -1,0 +1,55 @@
+"""TLS from uprobes on the libssl the services themselves load: N handshakes by a
+Python ssl client are N on both sides, their latency agrees with the client's own
+clock, bytes are exact; a plaintext client with libssl loaded shows none."""
+import json
+import statistics
+import subprocess
+
+from daemon.services import ServiceSpec
+from tests.probes.conftest import collected, hist
+
+HANDSHAKES = 20
+PAYLOAD = 5000
+
+
+def make_cert(tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", key, "-out", cert, "-subj", "/CN=localhost", "-days", "1"],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+def test_handshakes_and_bytes_counted_plaintext_none(kernel, spawn, tag, tmp_path):
+    cert, key = make_cert(tmp_path)
+    server = spawn("tls_pair", "server", f"{tag}-s", cert, key)
+    tls_port = int(server.stdout.readline())
+    http = spawn("http_server", tag, 0.0)
+    http_port = int(http.stdout.readline())
+    client = spawn("tls_pair", "client", f"{tag}-c", tls_port, HANDSHAKES, PAYLOAD, "tls")
+    plain = spawn("tls_pair", "client", f"{tag}-p", http_port, HANDSHAKES, 0, "plain")
+    collector = kernel([ServiceSpec("client", cmdline=f"client {tag}-c"),
+                        ServiceSpec("server", cmdline=f"server {tag}-s"),
+                        ServiceSpec("plain", cmdline=f"client {tag}-p")], ["tls"])
+    collected(collector)
+    for p in (client, plain):
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    own_clock = json.loads(client.stdout.readline())
+    assert json.loads(plain.stdout.readline()) == []
+    samples = collected(collector)
+    attached = [p for p, ok in collector.attached.items() if ok and "libssl" in p]
+    assert len(attached) >= 10, collector.attached      # 5 functions, entry and return
+
+    c, s = samples["client"], samples["server"]
+    handshake = hist(c.histograms, ("tls_handshake", ""))
+    assert handshake.count == HANDSHAKES
+    assert hist(s.histograms, ("tls_handshake", "")).count == HANDSHAKES
+    ours, theirs = handshake.quantile(0.5), statistics.median(own_clock)
+    print(f"handshake p50: probe {ours * 1e3:.2f} ms, client's clock {theirs * 1e3:.2f} ms")
+    assert abs(ours - theirs) <= 0.25 * theirs
+    assert c.counters[("tls_bytes", "write")] == HANDSHAKES * (8 + PAYLOAD)
+    assert c.counters[("tls_bytes", "read")] == HANDSHAKES * 2
+    assert s.counters[("tls_bytes", "read")] == HANDSHAKES * (8 + PAYLOAD)
+    assert c.counters[("tls_calls", "write")] >= HANDSHAKES
+    assert not any(sig.startswith("tls") for sig, _ in [*samples["plain"].histograms, *samples["plain"].counters])
