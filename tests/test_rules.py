@@ -1,0 +1,109 @@
+"""The Prometheus rules and the sample scrape config: promtool accepts them, the rule
+unit tests pass, every alert is covered by a test that needs it to fire, and every
+alert carries a summary, a description with its value, and a README runbook."""
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+
+RULES = ROOT / "dashboards" / "rules" / "slotune.rules.yml"
+RULE_TESTS = ROOT / "dashboards" / "rules" / "slotune.rules.test.yml"
+PROMTOOL = "/usr/bin/promtool"
+
+
+def promtool(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([PROMTOOL, *map(str, args)], capture_output=True, text=True, timeout=60)
+
+
+def rules() -> list[dict]:
+    return [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+
+
+ALERTS = [r["alert"] for r in rules() if "alert" in r]
+
+
+def test_promtool_accepts_the_rules():
+    out = promtool("check", "rules", RULES)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"SUCCESS: {len(rules())} rules found" in out.stdout
+
+
+def test_rule_unit_tests_pass():
+    out = promtool("test", "rules", RULE_TESTS)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_sample_prometheus_config_is_valid():
+    out = promtool("check", "config", ROOT / "dashboards" / "prometheus.yml")
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("alert", ALERTS)
+def test_unit_tests_fail_when_the_alert_never_fires(alert, tmp_path):
+    """Silence one alert (its expression matches nothing): some unit test must notice."""
+    doc = yaml.safe_load(RULES.read_text())
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            if rule.get("alert") == alert:
+                rule["expr"] = "vector(1) == 0"
+    (tmp_path / RULES.name).write_text(yaml.safe_dump(doc))
+    (tmp_path / RULE_TESTS.name).write_text(RULE_TESTS.read_text())
+    out = promtool("test", "rules", tmp_path / RULE_TESTS.name)
+    assert out.returncode != 0 and f"alertname: {alert}," in out.stderr + out.stdout
+
+
+@pytest.mark.parametrize("alert", ALERTS)
+def test_unit_tests_fail_when_the_alert_always_fires(alert, tmp_path):
+    """Make one alert fire on every series it sees, at once: a does-not-fire case must notice."""
+    doc = yaml.safe_load(RULES.read_text())
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            if rule.get("alert") == alert:
+                rule["expr"] = re.sub(r"\s(>|>=|==)\s[0-9.]+", " > -Inf", rule["expr"])
+                rule.pop("for", None)
+    (tmp_path / RULES.name).write_text(yaml.safe_dump(doc))
+    (tmp_path / RULE_TESTS.name).write_text(RULE_TESTS.read_text())
+    out = promtool("test", "rules", tmp_path / RULE_TESTS.name)
+    assert out.returncode != 0 and f"alertname: {alert}," in out.stderr + out.stdout
+
+
+@pytest.mark.parametrize("alert", ALERTS)
+def test_alert_tells_what_and_how_much(alert):
+    rule = next(r for r in rules() if r.get("alert") == alert)
+    notes = rule["annotations"]
+    assert notes["summary"] and "$labels.instance" in notes["summary"] + notes["description"]
+    assert "$value" in notes["description"], "the description must show the value that fired"
+    assert rule["labels"]["severity"] in ("page", "ticket")
+    assert notes["runbook"].endswith(f"runbook: {alert}")
+
+
+def test_every_alert_has_a_runbook_section_in_the_readme():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Dashboards and alerts", 1)[1].split("\n## ", 1)[0]
+    for alert in ALERTS:
+        assert re.search(rf"^#### {alert}\b", section, re.M), f"README runbook has no '#### {alert}'"
+
+
+def test_burn_rate_alerts_use_the_workbook_windows():
+    """1 h/5 m at 14.4, 6 h/30 m at 6, 1 d/2 h at 3 (Google SRE workbook, multiwindow multi-burn-rate)."""
+    exprs = {r["alert"]: " ".join(r["expr"].split()) for r in rules() if r.get("alert", "").startswith("SlotuneSLOBurn")}
+    want = {"SlotuneSLOBurnFast": ("1h", "5m", "14.4"), "SlotuneSLOBurnMedium": ("6h", "30m", "6"),
+            "SlotuneSLOBurnSlow": ("1d", "2h", "3")}
+    for alert, (long, short, factor) in want.items():
+        assert exprs[alert] == (f"service:slotune_slo_burn_rate:ratio_rate{long} > {factor} "
+                                f"and service:slotune_slo_burn_rate:ratio_rate{short} > {factor}")
+    recorded = {r["record"]: " ".join(r["expr"].split()) for r in rules() if "record" in r}
+    for window in ("5m", "30m", "1h", "2h", "6h", "1d"):
+        assert recorded[f"service:slotune_slo_burn_rate:ratio_rate{window}"] == (
+            f"sum by (instance, job, service) (rate(slotune_service_slo_misses_total[{window}])) "
+            f"/ sum by (instance, job, service) (rate(slotune_service_requests_total[{window}])) / (1 - 0.99)")
+
+
+def test_rule_files_path_in_sample_config_exists():
+    config = yaml.safe_load((ROOT / "dashboards" / "prometheus.yml").read_text())
+    for pattern in config["rule_files"]:
+        assert (ROOT / "dashboards" / pattern).is_file(), pattern
