@@ -42,32 +42,33 @@ def test_sample_prometheus_config_is_valid():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-@pytest.mark.parametrize("alert", ALERTS)
-def test_unit_tests_fail_when_the_alert_never_fires(alert, tmp_path):
-    """Silence one alert (its expression matches nothing): some unit test must notice."""
+def unit_tests_with(alert: str, mutate, tmp_path: Path) -> subprocess.CompletedProcess:
+    """Run the rule unit tests against a copy of the rules where one alert's rule is mutated."""
     doc = yaml.safe_load(RULES.read_text())
     for group in doc["groups"]:
         for rule in group["rules"]:
             if rule.get("alert") == alert:
-                rule["expr"] = "vector(1) == 0"
+                mutate(rule)
     (tmp_path / RULES.name).write_text(yaml.safe_dump(doc))
     (tmp_path / RULE_TESTS.name).write_text(RULE_TESTS.read_text())
-    out = promtool("test", "rules", tmp_path / RULE_TESTS.name)
-    assert out.returncode != 0 and f"alertname: {alert}," in out.stderr + out.stdout
+    return promtool("test", "rules", tmp_path / RULE_TESTS.name)
 
 
+def never_fires(rule: dict) -> None:
+    rule["expr"] = "vector(1) == 0"
+
+
+def always_fires(rule: dict) -> None:
+    """Every comparison with a threshold passes, at once: every series it sees alerts."""
+    rule["expr"] = re.sub(r"\s(>|>=|==)\s[0-9.]+", " > -Inf", rule["expr"])
+    rule.pop("for", None)
+
+
+@pytest.mark.parametrize("mutate", [never_fires, always_fires])
 @pytest.mark.parametrize("alert", ALERTS)
-def test_unit_tests_fail_when_the_alert_always_fires(alert, tmp_path):
-    """Make one alert fire on every series it sees, at once: a does-not-fire case must notice."""
-    doc = yaml.safe_load(RULES.read_text())
-    for group in doc["groups"]:
-        for rule in group["rules"]:
-            if rule.get("alert") == alert:
-                rule["expr"] = re.sub(r"\s(>|>=|==)\s[0-9.]+", " > -Inf", rule["expr"])
-                rule.pop("for", None)
-    (tmp_path / RULES.name).write_text(yaml.safe_dump(doc))
-    (tmp_path / RULE_TESTS.name).write_text(RULE_TESTS.read_text())
-    out = promtool("test", "rules", tmp_path / RULE_TESTS.name)
+def test_unit_tests_catch_an_alert_that_fires_wrongly(alert, mutate, tmp_path):
+    """A fires case must notice an alert that never fires; a stays-quiet case one that always does."""
+    out = unit_tests_with(alert, mutate, tmp_path)
     assert out.returncode != 0 and f"alertname: {alert}," in out.stderr + out.stdout
 
 
