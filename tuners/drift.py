@@ -1,0 +1,184 @@
+"""Drift tuner: raise an alert when a service metric has moved off its baseline.
+
+It changes no setting: Decision.alert is the output. The baseline (a summary of the
+windows of the last 7 days for one (service, metric, environment, deploy_id)) is kept
+elsewhere and passed in with each window's value."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from scipy import stats
+
+from tuners.base import Decision, Policy
+
+INTERVAL_S = 3600.0
+
+
+@dataclass(frozen=True)
+class Baseline:
+    mean: float                       # of the per-window values over the baseline period
+    std: float
+    windows: int                      # how many windows the summary covers
+    samples: tuple[float, ...] = ()   # raw observations from the period (for distribution tests)
+
+
+@dataclass(frozen=True)
+class Observation:
+    now: float
+    value: float                      # this window's value of the metric (e.g. median latency, s)
+    baseline: Baseline
+    samples: tuple[float, ...] = ()   # raw observations of this window
+
+
+@dataclass(frozen=True)
+class Cusum:
+    up: float = 0.0
+    down: float = 0.0
+
+
+def _alert(why: str) -> Decision:
+    return Decision({}, why, alert=True)
+
+
+def _quiet(why: str) -> Decision:
+    return Decision({}, why)
+
+
+def _ready(obs: Observation) -> bool:
+    return obs.baseline.windows >= 2 and obs.baseline.mean > 0 and obs.baseline.std >= 0
+
+
+def _none(settings):
+    return None
+
+
+# --- whitepaper ch. 5: alert when the value is more than 8 % off the rolling 7-day baseline
+def _wp_decide(state, obs: Observation):
+    if not _ready(obs):
+        return state, _quiet("no baseline yet")
+    delta = obs.value / obs.baseline.mean - 1
+    return state, (_alert if abs(delta) > 0.08 else _quiet)(f"{delta:+.1%} vs the 7-day baseline")
+
+
+# --- z-score against the weekly mean and standard deviation (3 sigma, as in GitLab's rules)
+def _z_decide(state, obs: Observation):
+    if not _ready(obs) or obs.baseline.std == 0:
+        return state, _quiet("no baseline spread yet")
+    z = (obs.value - obs.baseline.mean) / obs.baseline.std
+    return state, (_alert if abs(z) > 3 else _quiet)(f"z = {z:+.2f}")
+
+
+# --- two-sided tabular CUSUM on standardised values, textbook k = 0.5, h = 5
+def cusum_step(state: Cusum, z: float, k: float, h: float) -> tuple[Cusum, bool]:
+    up, down = max(0.0, state.up + z - k), max(0.0, state.down - z - k)
+    return (Cusum(), True) if up > h or down > h else (Cusum(up, down), False)
+
+
+def _cusum_init(settings):
+    return Cusum()
+
+
+def _cusum_decide(state: Cusum, obs: Observation):
+    if not _ready(obs) or obs.baseline.std == 0:
+        return state, _quiet("no baseline spread yet")
+    z = (obs.value - obs.baseline.mean) / obs.baseline.std
+    nxt, fired = cusum_step(state, z, 0.5, 5.0)
+    return nxt, (_alert if fired else _quiet)(f"CUSUM up {nxt.up:.2f} down {nxt.down:.2f}")
+
+
+# --- Page-Hinkley (river's defaults: delta 0.005, threshold 50, alpha 1 - 1e-4) on the
+# deviation from the baseline in percent, both directions
+@dataclass(frozen=True)
+class PageHinkley:
+    n: int = 0
+    mean: float = 0.0
+    up: float = 0.0
+    up_min: float = 0.0
+    down: float = 0.0
+    down_max: float = 0.0
+
+
+def page_hinkley_step(s: PageHinkley, x: float, delta: float = 0.005, threshold: float = 50.0,
+                      alpha: float = 1 - 1e-4) -> tuple[PageHinkley, bool]:
+    n = s.n + 1
+    mean = s.mean + (x - s.mean) / n
+    up = alpha * s.up + (x - mean - delta)
+    down = alpha * s.down + (x - mean + delta)
+    nxt = PageHinkley(n, mean, up, min(s.up_min, up), down, max(s.down_max, down))
+    if up - nxt.up_min > threshold or nxt.down_max - down > threshold:
+        return PageHinkley(), True
+    return nxt, False
+
+
+def _ph_init(settings):
+    return PageHinkley()
+
+
+def _ph_decide(state: PageHinkley, obs: Observation):
+    if not _ready(obs):
+        return state, _quiet("no baseline yet")
+    nxt, fired = page_hinkley_step(state, 100 * (obs.value / obs.baseline.mean - 1))
+    return nxt, (_alert if fired else _quiet)(f"Page-Hinkley after {nxt.n} windows")
+
+
+# --- two-sample Kolmogorov-Smirnov test of this window's raw samples against the baseline's
+KS_ALPHA = 0.001
+
+
+def _ks_decide(state, obs: Observation):
+    if len(obs.samples) < 20 or len(obs.baseline.samples) < 20:
+        return state, _quiet("too few samples for KS")
+    p = stats.ks_2samp(obs.samples, obs.baseline.samples).pvalue
+    return state, (_alert if p < KS_ALPHA else _quiet)(f"KS p = {p:.2g}")
+
+
+# --- slotune: CUSUM on log(value / baseline) tuned for a 10 % shift (k = half of it, in
+# sigma) with the smallest h >= 2.5 whose in-control run length (Siegmund) is >= 2000 windows,
+# plus a one-window alarm at 5 sigma for large jumps. The spread is the baseline's,
+# inflated for a short baseline and floored at 1 % so that a suspiciously quiet week
+# cannot make every later wobble an alarm.
+SHIFT = math.log(1.10)
+ARL0, JUMP, FLOOR, H_MIN = 2000.0, 5.0, 0.01, 2.5
+
+
+def siegmund_arl0(k: float, h: float) -> float:
+    """In-control average run length of a two-sided CUSUM (Siegmund's approximation)."""
+    b = h + 1.166
+    return (math.exp(2 * k * b) - 2 * k * b - 1) / (2 * k * k) / 2
+
+
+def cusum_h(k: float, arl0: float = ARL0) -> float:
+    h = H_MIN  # never let one window fire it: a single outlier window is no drift
+    while siegmund_arl0(k, h) < arl0:
+        h += 0.25
+    return h
+
+
+def _slotune_init(settings):
+    return Cusum()
+
+
+def _slotune_decide(state: Cusum, obs: Observation):
+    if not _ready(obs) or obs.value <= 0:
+        return state, _quiet("no baseline yet")
+    b = obs.baseline
+    sigma = max(b.std / b.mean, FLOOR) * math.sqrt(1 + 1 / b.windows)
+    z = math.log(obs.value / b.mean) / sigma
+    k = max(0.5, SHIFT / (2 * sigma))
+    h = cusum_h(k)
+    nxt, fired = cusum_step(state, z, k, h)
+    if abs(z) > JUMP:
+        return Cusum(), _alert(f"{obs.value / b.mean - 1:+.1%} in one window ({z:+.1f} sigma)")
+    return nxt, (_alert if fired else _quiet)(f"CUSUM up {nxt.up:.2f} down {nxt.down:.2f} (k {k:.2f}, h {h:.2f})")
+
+
+POLICIES = {
+    "slotune": Policy("slotune", "CUSUM on log ratio tuned for 10 %, h for ARL0 2000 windows, + 5 sigma jump",
+                      _slotune_init, _slotune_decide),
+    "whitepaper": Policy("whitepaper", "alert when > 8 % off the 7-day baseline", _none, _wp_decide),
+    "zscore": Policy("zscore", "|value - weekly mean| > 3 weekly std", _none, _z_decide),
+    "cusum": Policy("cusum", "two-sided CUSUM, k 0.5 sigma, h 5 sigma", _cusum_init, _cusum_decide),
+    "page_hinkley": Policy("page_hinkley", "Page-Hinkley on % deviation, river defaults", _ph_init, _ph_decide),
+    "ks": Policy("ks", "two-sample KS test vs baseline samples, p < 0.001", _none, _ks_decide),
+}
