@@ -22,11 +22,15 @@ EXAMPLES = """examples:
 
 def _up_arguments(p: argparse.ArgumentParser) -> None:
     d = launcher.StackConfig()
-    p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
+    p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR,
+                   help=f"state, token, certificate and logs (default {DEFAULT_RUN_DIR}; env SLOTUNE_STACK_RUN_DIR)")
     for name in ("gateway", "inference", "sidecar", "sidecar_admin", "redis"):
         flag = "--" + name.replace("_", "-") + "-port"
-        p.add_argument(flag, type=int, default=getattr(d, f"{name}_port"))
-    p.add_argument("--tool-port", action="append", default=[], metavar="NAME=PORT")
+        p.add_argument(flag, type=int, default=getattr(d, f"{name}_port"),
+                       help=f"default {getattr(d, f'{name}_port')} (env SLOTUNE_STACK_{name.upper()}_PORT)")
+    p.add_argument("--tool-port", action="append", default=[], metavar="NAME=PORT",
+                   help="a tool's port (defaults: " + ", ".join(f"{n} {p}" for n, p in d.tool_ports.items()) +
+                        "; env SLOTUNE_STACK_<NAME>_PORT)")
     p.add_argument("--set", action="append", default=[], metavar="SERVICE.KEY=VALUE",
                    help="initial setting; SERVICE is gateway, inference, sidecar or a tool's name")
     p.add_argument("--device", default="auto", help="inference device: auto, cpu, cuda, cuda:N")

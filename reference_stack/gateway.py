@@ -22,13 +22,14 @@ from .caches import LRUCache, RedisCache, VectorCache
 from .corpus import ENTITIES
 from .embedding import embed
 from .intent import IntentGate
+from .ports import port
 from .ratelimit import TokenBucket
 from .service import common_arguments, json_error, load_settings, make_app, serve, token_file
 from .settings import Setting
 from .tools import TOOLS
 from .tracing import TraceSampler
 
-PORT = 8080
+PORT = port("gateway")
 SETTINGS = [
     Setting("rate_limit_rps", float, 0, 10000, 0.0, "token-bucket admission rate; 0 = unlimited"),
     Setting("trace_sample_rate", float, 0, 1, 0.1, "share of requests whose trace is exported"),
@@ -54,10 +55,11 @@ INFLIGHT = Gauge("gateway_inflight_requests", "queries being answered now")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     common_arguments(parser, PORT)
     env = os.environ.get
-    parser.add_argument("--inference-url", default=env("SLOTUNE_STACK_INFERENCE_URL", "http://127.0.0.1:8100"))
-    parser.add_argument("--sidecar-url", default=env("SLOTUNE_STACK_SIDECAR_URL", "https://127.0.0.1:8443"))
+    parser.add_argument("--inference-url",
+                        default=env("SLOTUNE_STACK_INFERENCE_URL", f"http://127.0.0.1:{port('inference')}"))
+    parser.add_argument("--sidecar-url", default=env("SLOTUNE_STACK_SIDECAR_URL", f"https://127.0.0.1:{port('sidecar')}"))
     parser.add_argument("--cert", default=None, help="CA certificate the sidecar presents (default <run dir>/tls.crt)")
-    parser.add_argument("--redis-url", default=env("SLOTUNE_STACK_REDIS_URL", "redis://127.0.0.1:6390/0"))
+    parser.add_argument("--redis-url", default=env("SLOTUNE_STACK_REDIS_URL", f"redis://127.0.0.1:{port('redis')}/0"))
     parser.add_argument("--tool", action="append", default=[], metavar="NAME=URL",
                         help="where a tool lives (default http://127.0.0.1:<its port>; repeatable)")
     parser.add_argument("--parallel-tools", type=int, default=8, help="most tool calls in flight per query")
@@ -68,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def tool_urls(pairs: list[str]) -> dict[str, str]:
-    urls = {name: f"http://127.0.0.1:{port}" for name, (port, _) in TOOLS.items()}
+    urls = {name: f"http://127.0.0.1:{port(name)}" for name in TOOLS}
     for pair in pairs:
         name, sep, url = pair.partition("=")
         if not sep or name not in TOOLS:

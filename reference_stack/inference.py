@@ -14,10 +14,11 @@ from prometheus_client import Counter, Gauge, Histogram
 from . import faults
 from .batcher import Batcher
 from .model import Generator, ModelConfig, pick_device
+from .ports import port
 from .service import common_arguments, json_error, load_settings, make_app, serve, token_file
 from .settings import Setting
 
-PORT = 8100
+PORT = port("inference")
 SETTINGS = [
     Setting("max_batch_size", int, 1, 128, 8, "most requests run together in one batch"),
     Setting("max_queue_delay_ms", float, 0, 1000, 5.0, "longest the oldest queued request waits for a batch to fill"),

@@ -18,6 +18,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .ports import port
 from .tools import TOOLS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,12 +29,12 @@ STATE_FILE = "state.json"
 class StackConfig:
     run_dir: Path = Path(os.environ.get("SLOTUNE_STACK_RUN_DIR", "/tmp/slotune-stack"))
     host: str = "127.0.0.1"
-    gateway_port: int = 8080
-    inference_port: int = 8100
-    sidecar_port: int = 8443
-    sidecar_admin_port: int = 8444
-    redis_port: int = 6390
-    tool_ports: dict[str, int] = field(default_factory=lambda: {n: p for n, (p, _) in TOOLS.items()})
+    gateway_port: int = field(default_factory=lambda: port("gateway"))
+    inference_port: int = field(default_factory=lambda: port("inference"))
+    sidecar_port: int = field(default_factory=lambda: port("sidecar"))
+    sidecar_admin_port: int = field(default_factory=lambda: port("sidecar_admin"))
+    redis_port: int = field(default_factory=lambda: port("redis"))
+    tool_ports: dict[str, int] = field(default_factory=lambda: {name: port(name) for name in TOOLS})
     # Initial settings per service name (gateway, inference, sidecar, or a tool's name): {key: value}.
     settings: dict[str, dict[str, object]] = field(default_factory=dict)
     inference_args: list[str] = field(default_factory=list)    # e.g. ["--device", "cuda", "--layers", "6"]
@@ -158,6 +159,8 @@ def start(cfg: StackConfig) -> dict:
     base = urls(cfg)
     state = {"run_dir": str(cfg.run_dir), "pids": {}, "urls": base, "query_url": base["gateway"] + "/query",
              "sidecar_tls_url": f"https://127.0.0.1:{cfg.sidecar_port}", "redis_port": cfg.redis_port,
+             "ports": {"gateway": cfg.gateway_port, "inference": cfg.inference_port, "sidecar": cfg.sidecar_port,
+                       "sidecar_admin": cfg.sidecar_admin_port, "redis": cfg.redis_port, **cfg.tool_ports},
              **{k: str(v) for k, v in files.items()}}
     procs: dict[str, subprocess.Popen] = {}
     try:

@@ -13,11 +13,12 @@ from aiohttp import web
 from prometheus_client import REGISTRY, Histogram
 from prometheus_client.core import CounterMetricFamily
 
+from .ports import port
 from .service import common_arguments, json_error, load_settings, make_app, serve, token_file
 from .settings import Setting
 
-PORT = 8443
-ADMIN_PORT = 8444
+PORT = port("sidecar")
+ADMIN_PORT = port("sidecar_admin")
 SETTINGS = [
     Setting("reuse_connections", bool, 0, 1, True,
             "keep client TLS connections alive; false closes each after one answer (a handshake per request)"),
@@ -42,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admin-port", type=int, default=ADMIN_PORT,
                         help=f"plaintext port for /metrics, /healthz and /admin/config (default {ADMIN_PORT}; "
                              "the TLS port serves them too)")
-    parser.add_argument("--upstream", default="http://127.0.0.1:8100", help="plaintext upstream (the inference server)")
+    parser.add_argument("--upstream", default=f"http://127.0.0.1:{port('inference')}", help="plaintext upstream (the inference server)")
     parser.add_argument("--cert", default=None, help="certificate PEM (default <run dir>/tls.crt)")
     parser.add_argument("--key", default=None, help="private key PEM (default <run dir>/tls.key)")
 

@@ -15,11 +15,12 @@ import time
 from aiohttp import web
 from prometheus_client import Counter, Histogram
 
+from .ports import port
 from .service import common_arguments, json_error, load_settings, make_app, serve, token_file
 from .settings import Setting
 
-# The tools the gateway knows, with their default ports and typical medians.
-TOOLS = {"search": (8201, 40.0), "calculator": (8202, 5.0), "weather": (8203, 25.0)}
+# The tools the gateway knows, with their default median latency in ms (ports: ports.py).
+TOOLS = {"search": 40.0, "calculator": 5.0, "weather": 25.0}
 
 REQUEST = Histogram("tool_request_duration_seconds", "time to answer a tool call", ["tool"],
                     buckets=(.001, .0025, .005, .01, .025, .05, .075, .1, .15, .25, .5, 1, 2.5, 5))
@@ -58,9 +59,8 @@ def answer(tool: str, args: dict) -> object:
 
 
 def build_app(args) -> web.Application:
-    port, median = TOOLS[args.name]
-    args.port = args.port or port
-    settings = load_settings(tool_settings(median), args)
+    args.port = args.port or port(args.name)
+    settings = load_settings(tool_settings(TOOLS[args.name]), args)
     rng = random.Random()
 
     def draw_latency_s() -> float:

@@ -71,6 +71,13 @@ def test_up_names_the_process_that_failed(tmp_path):
     assert not (tmp_path / "state.json").exists()
 
 
+def test_a_bad_port_in_the_environment_is_named():
+    result = subprocess.run([sys.executable, "-m", "reference_stack", "tool", "--name", "weather"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60,
+                            env=dict(os.environ, SLOTUNE_STACK_WEATHER_PORT="82o3"))
+    assert result.returncode != 0 and "SLOTUNE_STACK_WEATHER_PORT='82o3' is not a TCP port" in result.stderr
+
+
 def test_one_unit_per_service():
     names = {u.name for u in UNITS}
     assert names == {"slotune-stack-gateway.service", "slotune-stack-inference.service",
