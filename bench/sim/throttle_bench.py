@@ -3,6 +3,8 @@ settling time after the 3x load step, oscillation of the setting, regret vs the 
 (the best static concurrency limit, found by an offline sweep over the same seeds)."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from bench.sim import arrivals, service
@@ -47,7 +49,7 @@ def _load(scenario: str, duration: int, cap: float, rng) -> tuple[np.ndarray, np
     return arrivals.poisson(rates, rng), slow
 
 
-def _static(limit: float):
+def _static():
     return throttle.Policy("static", "fixed limit", lambda s: None, lambda s, o: (s, throttle.Decision({}, "static")))
 
 
@@ -70,17 +72,19 @@ def _goodput(res) -> float:
     return float(res["goodput"].sum() / max(1.0, res["offered"].sum()))
 
 
-def oracle_limit(scenario: str, seed: int, duration: int) -> float:
-    model = _model(scenario)
-    best = max(ORACLE_LIMITS, key=lambda k: _goodput(
-        _simulate(_static(k), "concurrency_limit", k * model.workers, scenario, seed + 10_000, duration)[0]))
-    return best * model.workers
+@functools.lru_cache(maxsize=None)
+def oracle_limit(scenario: str, duration: int) -> float:
+    """The best static concurrency limit on three sweep seeds that no measured run uses."""
+    workers = _model(scenario).workers
+    best = max(ORACLE_LIMITS, key=lambda k: np.mean([_goodput(_simulate(
+        _static(), "concurrency_limit", k * workers, scenario, 10_000 + s, duration)[0]) for s in range(3)]))
+    return best * workers
 
 
 def run_one(policy_name: str, scenario: str, seed: int, quick: bool) -> dict[str, float]:
     duration = 60 if quick else 180
     model = _model(scenario)
-    oracle = _simulate(_static(0), "concurrency_limit", oracle_limit(scenario, seed, duration), scenario, seed, duration)[0]
+    oracle = _simulate(_static(), "concurrency_limit", oracle_limit(scenario, duration), scenario, seed, duration)[0]
     if policy_name == "oracle":
         res = oracle
     else:
