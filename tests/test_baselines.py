@@ -1,5 +1,6 @@
 """The baseline store: summaries and diffs users read, and a file that survives kill -9 of its writer."""
 import math
+import re
 import signal
 import sqlite3
 import subprocess
@@ -205,3 +206,18 @@ def test_cli_names_what_is_missing_and_what_is_known(store_file, tmp_path):
     env = run_slotune("baseline", "show", "gateway", "p99_seconds", "--environment", "staging", "--store", str(store_file))
     assert env.returncode == 2 and "environment 'staging'" in env.stderr
 
+
+
+def test_cli_takes_store_and_environment_from_the_config(store_file, tmp_path):
+    example = (ROOT / "slotune.example.toml").read_text()
+    config = tmp_path / "slotune.toml"
+    for key, value in (("baseline_store", store_file), ("environment", "canary")):
+        example, n = re.subn(rf'^{key} = "[^"]*"', f'{key} = "{value}"', example, flags=re.M)
+        assert n == 1, f"slotune.example.toml has no daemon.{key} line"
+    config.write_text(example)
+    shown = run_slotune("baseline", "show", "gateway", "p99_seconds", "--config", str(config))
+    assert shown.returncode == 2 and "environment 'canary'" in shown.stderr  # the config's environment
+    shown = run_slotune("baseline", "show", "gateway", "p99_seconds", "--config", str(config),
+                        "--environment", "production")
+    assert shown.returncode == 0, shown.stderr
+    assert "environment production" in shown.stdout and "points  600" in shown.stdout
