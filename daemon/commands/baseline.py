@@ -13,7 +13,7 @@ from daemon.baselines import BaselineStore, Summary, UnknownBaseline
 NAME = "baseline"
 HELP = "list the stored baselines, show one series' summary, or compare two deploys (KS test)"
 EXAMPLES = """  slotune baseline list
-  slotune baseline show gateway p99_seconds --environment production --deploy v42
+  slotune baseline show gateway latency_p99_seconds --environment production --deploy v42
   slotune baseline diff gateway --from v41 --to v42
   slotune baseline list --store /var/lib/slotune/baselines.sqlite
 """
