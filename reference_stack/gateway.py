@@ -146,6 +146,7 @@ class Gateway:
             return "redis", hit
         hit = self.vectors.get(embed(query, ENTITIES))
         if hit is not None:
+            self.lru.put(query, hit)                 # the same wording again is an LRU hit
             return "vector", hit
         return "miss", None
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .ports import port
+from .service import DEFAULT_RUN_DIR
 from .tools import TOOLS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +28,7 @@ STATE_FILE = "state.json"
 
 @dataclass
 class StackConfig:
-    run_dir: Path = Path(os.environ.get("SLOTUNE_STACK_RUN_DIR", "/tmp/slotune-stack"))
+    run_dir: Path = DEFAULT_RUN_DIR
     host: str = "127.0.0.1"
     gateway_port: int = field(default_factory=lambda: port("gateway"))
     inference_port: int = field(default_factory=lambda: port("inference"))

@@ -99,7 +99,8 @@ def make_app(service: str, settings: Settings, token_path: Path) -> web.Applicat
 
     @guard
     async def get_config(_request):
-        return web.json_response({"settings": settings.snapshot(), "bounds": settings.bounds()})
+        return web.json_response({"settings": settings.snapshot(), "bounds": settings.bounds(),
+                                  "help": {name: spec.help for name, spec in settings.specs.items()}})
 
     @guard
     async def patch_config(request):

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_every_service_reports_settings_and_bounds(stack, service):
     status, body = stack.admin(service)
     assert status == 200
-    assert set(body["settings"]) == set(body["bounds"]) and body["settings"]
+    assert set(body["settings"]) == set(body["bounds"]) == set(body["help"]) and body["settings"]
     for key, (low, high) in body["bounds"].items():
         assert low <= body["settings"][key] <= high
 

@@ -38,6 +38,7 @@ def test_cache_levels_lru_then_redis_then_vector(stack):
     assert paraphrase != query
     status, body = stack.query(paraphrase)
     assert status == 200 and body["cache"] == "vector" and body["tools"] == [], body
+    assert stack.query(paraphrase)[1]["cache"] == "lru"
 
     other_city = stack.query("compare the weather in Vienna and Prague")[1]
     assert other_city["cache"] == "miss"                # not close enough to reuse Dublin's answer

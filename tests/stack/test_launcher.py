@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -42,7 +44,6 @@ def test_up_status_down(tmp_path):
         status = cli("status", "--run-dir", str(run_dir))
         assert set(json.loads(status.stdout)["health"].values()) == {"up"}, status.stdout
         token = (run_dir / "admin.token").read_text().strip()
-        import urllib.request
         req = urllib.request.Request(state["urls"]["inference"] + "/admin/config",
                                      headers={"Authorization": f"Bearer {token}"})
         assert json.loads(urllib.request.urlopen(req, timeout=10).read())["settings"]["max_batch_size"] == 16
@@ -57,7 +58,6 @@ def test_up_status_down(tmp_path):
 
 def test_up_names_the_process_that_failed(tmp_path):
     (busy,) = launcher.free_ports(1)
-    import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", busy))
         s.listen()
