@@ -248,18 +248,9 @@ class Gateway:
 def build_app(args) -> web.Application:
     settings = load_settings(SETTINGS, args)
     gateway = Gateway(args, settings)
-    app = make_app("gateway", settings, token_file(args))
+    app = make_app("gateway", settings, token_file(args), gateway.start, gateway.stop)
     app.router.add_post("/query", gateway.handle)
     app.router.add_post("/admin/cache/flush", app["admin_guard"](gateway.flush))
-
-    async def on_startup(_app):
-        await gateway.start()
-
-    async def on_cleanup(_app):
-        await gateway.stop()
-
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
     return app
 
 

@@ -93,18 +93,13 @@ def build_app(args) -> web.Application:
                                   "batch_size": done.batch_size, "queue_wait_s": done.queue_wait_s,
                                   "device": str(device)})
 
-    async def on_startup(_app):
+    async def start():
         args.run_dir.mkdir(parents=True, exist_ok=True)
         generator.generate(["warm up"], [2])
         batcher.start()
 
-    async def on_cleanup(_app):
-        await batcher.stop()
-
-    app = make_app("inference", settings, token_file(args))
+    app = make_app("inference", settings, token_file(args), start, batcher.stop)
     app.router.add_post("/generate", generate)
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
     return app
 
 

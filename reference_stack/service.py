@@ -79,8 +79,10 @@ def admin_guard(token_path: Path) -> Callable[[Callable], Callable]:
     return wrap
 
 
-def make_app(service: str, settings: Settings, token_path: Path) -> web.Application:
-    """An app with /healthz, /metrics and /admin/config; the service adds its own routes."""
+def make_app(service: str, settings: Settings, token_path: Path, start: Callable[[], Awaitable[None]] | None = None,
+             stop: Callable[[], Awaitable[None]] | None = None) -> web.Application:
+    """An app with /healthz, /metrics and /admin/config; the service adds its own routes.
+    start() runs before the first request, stop() at shutdown."""
     gauge = Gauge(f"{service}_setting", f"current value of each {service} setting", ["setting"])
 
     def export(values):
@@ -121,6 +123,10 @@ def make_app(service: str, settings: Settings, token_path: Path) -> web.Applicat
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/admin/config", get_config)
     app.router.add_patch("/admin/config", patch_config)
+    if start:
+        app.on_startup.append(lambda _app: start())
+    if stop:
+        app.on_cleanup.append(lambda _app: stop())
     return app
 
 

@@ -84,17 +84,15 @@ def build_app(args, ctx: ssl.SSLContext) -> web.Application:
         REQUEST.observe(time.monotonic() - started)
         return resp
 
-    async def on_startup(_app):
+    async def start():
         session["up"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256),
                                               timeout=aiohttp.ClientTimeout(total=30))
 
-    async def on_cleanup(_app):
+    async def stop():
         await session["up"].close()
 
-    app = make_app("sidecar", settings, token_file(args))
+    app = make_app("sidecar", settings, token_file(args), start, stop)
     app.router.add_route("*", "/generate", forward)
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
     return app
 
 
