@@ -1,12 +1,16 @@
 """Test worker for TCP: `sink TAG` listens on 0.0.0.0 (run it inside a network
-namespace), prints its port and discards whatever arrives. `send TAG HOST PORT`
-waits for a line on stdin, then sends bulk data on one connection for SECONDS
-(next stdin line), sampling the kernel's own srtt of that socket (TCP_INFO,
-tcpi_rtt in µs) every 5 ms, and prints the samples as JSON; repeats per line."""
+namespace), prints its port and discards whatever arrives until the peer closes. `send TAG HOST PORT`
+waits for a line "SECONDS PAUSE" on stdin, then sends 16 KiB chunks on one
+connection for SECONDS, pausing PAUSE seconds after each (0: as fast as the link
+takes them), then waits until all of it is acknowledged, sampling the kernel's own srtt of that socket (TCP_INFO,
+tcpi_rtt in µs, with the segments received since the previous sample) every
+5 ms from a second thread, and prints the samples as JSON; repeats per line."""
+import fcntl
 import json
 import socket
 import struct
 import sys
+import termios
 import time
 
 role, tag = sys.argv[1], sys.argv[2]
@@ -19,22 +23,40 @@ if role == "sink":
     def drain(conn):
         while conn.recv(1 << 20):
             pass
+        conn.close()
 
     while True:
         conn, _ = listener.accept()
         threading.Thread(target=drain, args=(conn,), daemon=True).start()
 else:
+    import threading
     host, port = sys.argv[3], int(sys.argv[4])
     chunk = b"x" * 16384
+
+    def sample_srtt(conn, samples, stop):
+        segs_before = 0
+        while not stop.wait(0.005):
+            info = conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 144)
+            srtt_us, segs_in = struct.unpack_from("I", info, 68)[0], struct.unpack_from("I", info, 140)[0]
+            samples.append((srtt_us, segs_in - segs_before))   # tcpi_rtt, tcpi_segs_in delta
+            segs_before = segs_in
+
     for line in sys.stdin:
-        seconds = float(line)
-        conn = socket.create_connection((host, port))
-        samples, end, next_sample = [], time.monotonic() + seconds, 0.0
-        while (now := time.monotonic()) < end:
-            conn.send(chunk)
-            if now >= next_sample:
-                info = conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
-                samples.append(struct.unpack_from("I", info, 68)[0])   # tcpi_rtt, µs
-                next_sample = now + 0.005
+        seconds, pause = map(float, line.split())
+        conn = socket.socket()
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 256 * 1024)   # drains in < 1 s at 10 Mbit/s
+        conn.connect((host, port))
+        samples, stop = [], threading.Event()
+        sampler = threading.Thread(target=sample_srtt, args=(conn, samples, stop))
+        sampler.start()
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            conn.sendall(chunk)
+            if pause:
+                time.sleep(pause)
+        while fcntl.ioctl(conn.fileno(), termios.TIOCOUTQ, b"\0" * 4) != b"\0" * 4:
+            time.sleep(0.005)                      # until everything sent is acknowledged
+        stop.set()
+        sampler.join()
         conn.close()
         print(json.dumps(samples), flush=True)
