@@ -13,14 +13,15 @@ from pathlib import Path
 from daemon.services import ServiceSpec
 
 DEFAULT_PATH = Path("/etc/slotune/slotune.toml")
-# Which settings each tuner changes; a tuner's settings need bounds in the config.
+# Which settings each tuner's policies change; they need bounds in the config.
 TUNER_SETTINGS = {
-    "throttle": ("rate_limit_rps",),
+    "throttle": ("concurrency_limit",),
     "batch": ("max_batch_size", "max_queue_delay_ms"),
     "sampling": ("trace_sample_rate",),
     "breaker": ("breaker_failure_threshold",),
     "drift": (),
 }
+POLICY_SETTINGS = {("throttle", "whitepaper"): ("rate_limit_rps",)}
 PROBE_FAMILIES = ("runqueue", "offcpu", "tcp", "tls", "http")
 ACTUATOR_KINDS = ("reference", "http-json", "file")
 
@@ -54,6 +55,9 @@ class TunerConf:
     name: str
     policy: str
     interval_s: float
+    budget_traces_per_s: float = 10.0    # sampling: traces/s to keep
+    slo_failure_rate: float = 0.003      # breaker: a tool's failure-rate objective
+    baseline_days: float = 7.0           # drift: how far back the baseline reaches
 
 
 @dataclass(frozen=True)
@@ -172,7 +176,7 @@ def _service(file: Path, name: str, r: _Reader, default_tune_s: float) -> Servic
     for tuner in tuners:
         if tuner.name != "drift" and control is None:
             raise ConfigError(file, r.key(f"tuners.{tuner.name}"), "a tuner that pushes settings needs a [control] table")
-        for setting in TUNER_SETTINGS[tuner.name]:
+        for setting in POLICY_SETTINGS.get((tuner.name, tuner.policy), TUNER_SETTINGS[tuner.name]):
             if setting not in settings:
                 raise ConfigError(file, r.key(f"settings.{setting}"),
                                   f"missing: tuner {tuner.name} changes it, so it needs min, max and max_step")
@@ -215,7 +219,11 @@ def _tuners(file, r: _Reader, default_tune_s: float) -> tuple[TunerConf, ...]:
         t = r.table_of(name)
         policy = t.get("policy", str, "slotune")
         _check_policy(file, t.key("policy"), name, policy)
-        out.append(TunerConf(name, policy, t.get("interval_s", float, default_tune_s, lo=0.5, hi=86400.0)))
+        out.append(TunerConf(
+            name, policy, t.get("interval_s", float, default_tune_s, lo=0.5, hi=86400.0),
+            budget_traces_per_s=t.get("budget_traces_per_s", float, 10.0, lo=0.001, hi=1e6) if name == "sampling" else 10.0,
+            slo_failure_rate=t.get("slo_failure_rate", float, 0.003, lo=0.0, hi=1.0) if name == "breaker" else 0.003,
+            baseline_days=t.get("baseline_days", float, 7.0, lo=0.001, hi=365.0) if name == "drift" else 7.0))
         t.done()
     return tuple(out)
 

@@ -51,7 +51,7 @@ def test_defaults_for_a_minimal_file(tmp_path):
     (MINIMAL + "[services.api.control]\nkind = 'reference'\nurl = 'x'\n[services.api.tuners.throttle]\n",
      "services.api.control.url", "http(s) URL"),
     (MINIMAL + "[services.api.control]\nkind = 'reference'\nurl = 'http://127.0.0.1:1/admin/config'\n"
-               "[services.api.tuners.throttle]\n", "services.api.settings.rate_limit_rps", "needs min, max"),
+               "[services.api.tuners.throttle]\n", "services.api.settings.concurrency_limit", "needs min, max"),
     (MINIMAL + "[services.api.control]\nkind = 'file'\npath = '/tmp/x.json'\n[services.api.tuners.throttle]\n"
                "[services.api.settings.rate_limit_rps]\nmin = 10\nmax = 1\nmax_step = 1\n",
      "services.api.settings.rate_limit_rps.min", "above max"),

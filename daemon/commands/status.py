@@ -1,0 +1,70 @@
+"""`slotune status`: the running daemon's per-service table (P99 vs SLO, top
+cause, settings, last decisions), refreshed in place in a terminal."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.request
+
+NAME = "status"
+HELP = "show the running daemon's live per-service table (P99 vs SLO, top cause, settings, decisions)"
+EXAMPLES = """  slotune status
+  slotune status --once                      # print one table and exit (scripts, CI logs)
+  slotune status --url http://127.0.0.1:9477 --every 5
+"""
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--url", default="http://127.0.0.1:9477", help="the daemon's exporter address")
+    parser.add_argument("--once", action="store_true", help="print one table and exit")
+    parser.add_argument("--every", type=float, default=2.0, help="refresh period in seconds")
+
+
+def fetch(url: str) -> dict:
+    with urllib.request.urlopen(url.rstrip("/") + "/status", timeout=3) as resp:
+        return json.loads(resp.read())
+
+
+def _ms(v) -> str:
+    return "-" if v is None else f"{v * 1e3:.0f}"
+
+
+def render(status: dict) -> str:
+    rows = [f"{'service':<12} {'P50 ms':>7} {'P99 ms':>7} {'SLO ms':>7} {'req/s':>7}  {'top cause':<28} settings"]
+    for name, s in status["services"].items():
+        flag = "!" if s["p99_s"] is not None and s["p99_s"] > s["slo_p99_s"] else " "
+        attribution = s.get("attribution") or {}
+        cause = attribution.get("verdict", "-")
+        settings = " ".join(f"{k}={v:g}" for k, v in sorted(s["settings"].items()))
+        if not s["control_reachable"]:
+            settings += " (control API down)"
+        rows.append(f"{name:<12} {_ms(s['p50_s']):>7} {_ms(s['p99_s']):>6}{flag} {s['slo_p99_s'] * 1e3:>7.0f} "
+                    f"{s['rate_rps']:>7.1f}  {cause[:28]:<28} {settings}")
+    mode = " (dry-run: nothing pushed)" if status.get("dry_run") else ""
+    rows.append(f"\nlast decisions{mode}:")
+    for d in status["decisions"][-6:]:
+        stamp = time.strftime("%H:%M:%S", time.localtime(d["t"]))
+        rows.append(f"  {stamp} {d['service']}.{d['setting']} {d['old']} -> {d['new']} [{d['outcome']}] {d['reason']}")
+    if not status["decisions"]:
+        rows.append("  none yet")
+    return "\n".join(rows)
+
+
+def run(args) -> int:
+    if args.every <= 0:
+        print("slotune status: --every must be > 0 seconds", file=sys.stderr)
+        return 2
+    while True:
+        try:
+            table = render(fetch(args.url))
+        except OSError as exc:
+            print(f"slotune status: no daemon answers at {args.url} ({exc}); is `slotune run` up?", file=sys.stderr)
+            return 1
+        if args.once or not sys.stdout.isatty():
+            print(table)
+            if args.once:
+                return 0
+        else:
+            print("\033[H\033[2J" + table, flush=True)
+        time.sleep(args.every)

@@ -1,0 +1,231 @@
+"""The control loop: runs each service's tuners at their interval on the
+windows since their last decision, and pushes what they decide through the
+service's actuator behind the guards — bounds, largest step, one change per
+setting per interval, rollback when the SLO gets worse, back-off when the
+control surface is down, and dry-run. Every decision goes to the audit log."""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import tuners
+from daemon import observations
+from daemon.actuators import Actuator, ActuatorError
+from daemon.audit import AuditLog, Entry
+from daemon.config import Bounds, Config, ServiceConf
+from daemon.window import Window
+
+log = logging.getLogger(__name__)
+ROLLBACK_WORSE = 1.25      # P99 this much worse than before the change ...
+LOAD_CHANGED = 1.25        # ... under an offered load within this factor of before
+HOLD_INTERVALS = 3         # a rolled-back setting is left alone this many intervals
+MAX_BACKOFF_S = 60.0
+DRIFT_METRIC = "latency_p99_seconds"
+
+
+def guarded(value: float, old: float | None, bounds: Bounds) -> float:
+    """The value actually pushed: within the largest step of the old value, then within bounds."""
+    if old is not None and math.isfinite(old):
+        value = min(max(value, old - bounds.max_step), old + bounds.max_step)
+    return min(max(value, bounds.min), bounds.max)
+
+
+@dataclass
+class Pending:
+    """A pushed change waiting to be judged against the windows before it."""
+    tuner: str
+    setting: str
+    old: float
+    new: float
+    t: float
+    interval_s: float
+    before_p99: float
+    before_load: float
+
+
+@dataclass
+class ServiceControl:
+    conf: ServiceConf
+    actuator: Actuator | None
+    settings: dict[str, float] = field(default_factory=dict)
+    states: dict[str, object] = field(default_factory=dict)
+    last_decision: dict[str, float] = field(default_factory=dict)
+    last_change: dict[str, float] = field(default_factory=dict)
+    held_until: dict[str, float] = field(default_factory=dict)
+    pending: list[Pending] = field(default_factory=list)
+    retry_at: float = 0.0
+    backoff_s: float = 1.0
+    reachable: bool = False
+
+
+def merged_p99(windows: list[Window]) -> tuple[float, float]:
+    """(P99 over the windows' latency merged, offered load in requests/s)."""
+    hist, seconds, offered = None, 0.0, 0.0
+    for w in windows:
+        seconds += w.seconds
+        offered += w.requests + w.rejected
+        if w.latency is not None:
+            hist = w.latency if hist is None else hist.plus(w.latency)
+    p99 = hist.quantile(0.99) if hist is not None else math.nan
+    return p99, offered / seconds if seconds else 0.0
+
+
+class ControlLoop:
+    def __init__(self, cfg: Config, actuators: dict[str, Actuator], audit: AuditLog, dry_run: bool,
+                 baseline_for=lambda service, since, until: None):
+        self.audit, self.dry_run = audit, dry_run
+        self.baseline_for = baseline_for   # (service, since, until) -> tuners.drift.Baseline | None
+        self.services = {s.name: ServiceControl(s, actuators.get(s.name)) for s in cfg.services}
+        self.drift: dict[tuple[str, str], tuple[float, bool]] = {}
+
+    def reconfigure(self, cfg: Config, actuators: dict[str, Actuator]) -> None:
+        """Keep tuner state for services and tuners that survive a reload."""
+        old = self.services
+        self.services = {}
+        for s in cfg.services:
+            sc = ServiceControl(s, actuators.get(s.name))
+            if s.name in old:
+                sc.settings, sc.states = old[s.name].settings, old[s.name].states
+                sc.last_change, sc.held_until = old[s.name].last_change, old[s.name].held_until
+            self.services[s.name] = sc
+
+    def tick(self, now: float, history: dict[str, list[Window]]) -> list[Entry]:
+        entries: list[Entry] = []
+        for sc in self.services.values():
+            if not sc.conf.tuners:
+                continue
+            windows = history.get(sc.conf.name, [])
+            if sc.actuator is not None and not self._refresh(sc, now):
+                continue
+            entries += self._judge(sc, now, windows)
+            for tconf in sc.conf.tuners:
+                if now - sc.last_decision.get(tconf.name, -math.inf) < tconf.interval_s:
+                    continue
+                since = sc.last_decision.get(tconf.name, now - tconf.interval_s)
+                sc.last_decision[tconf.name] = now
+                recent = [w for w in windows if w.end > since]
+                if recent:
+                    entries += self._decide(sc, tconf, now, recent, windows)
+        return entries
+
+    def _refresh(self, sc: ServiceControl, now: float) -> bool:
+        """Read the live settings; on failure back off (1 s doubling to 60 s) and say so once."""
+        if now < sc.retry_at:
+            return False
+        try:
+            sc.settings.update(sc.actuator.current())
+            if not sc.reachable:
+                log.info("service %s: control surface reachable", sc.conf.name)
+            sc.reachable, sc.backoff_s = True, 1.0
+            return True
+        except ActuatorError as exc:
+            if sc.reachable or sc.retry_at == 0.0:
+                log.warning("service %s: control surface down (%s); observing only, retrying with back-off",
+                            sc.conf.name, exc)
+            sc.reachable = False
+            sc.retry_at = now + sc.backoff_s
+            sc.backoff_s = min(sc.backoff_s * 2, MAX_BACKOFF_S)
+            return False
+
+    def _decide(self, sc: ServiceControl, tconf, now: float, recent: list[Window],
+                all_windows: list[Window]) -> list[Entry]:
+        policy = tuners.policy(tconf.name, tconf.policy)
+        obs = self._observe(sc, tconf, now, recent)
+        if obs is None:
+            return []
+        if tconf.name not in sc.states:
+            sc.states[tconf.name] = policy.initial_state(dict(sc.settings))
+        sc.states[tconf.name], decision = policy.decide(sc.states[tconf.name], obs)
+        if tconf.name == "drift":
+            return self._drift(sc, now, obs, decision)
+        entries = [self._apply(sc, tconf, now, setting, wanted, decision.reason, recent)
+                   for setting, wanted in decision.changes.items()]
+        entries = [e for e in entries if e is not None]
+        for entry in entries:
+            self.audit.write(entry)
+        return entries
+
+    def _observe(self, sc: ServiceControl, tconf, now: float, recent: list[Window]):
+        if tconf.name == "throttle":
+            return observations.for_throttle(now, recent, sc.conf)
+        if tconf.name == "batch":
+            return observations.for_batch(now, recent, sc.conf)
+        if tconf.name == "sampling":
+            return observations.for_sampling(now, recent, sc.conf, tconf.budget_traces_per_s)
+        if tconf.name == "breaker":
+            return observations.for_breaker(now, recent, sc.conf, tconf.slo_failure_rate)
+        since = now - tconf.baseline_days * 86400.0
+        ctx = observations.Context(self.baseline_for(sc.conf.name, since, now - tconf.interval_s))
+        return observations.for_drift(now, recent, ctx)
+
+    def _drift(self, sc: ServiceControl, now: float, obs, decision) -> list[Entry]:
+        """Drift pushes nothing: it raises or clears an alert, exported and audited when it changes."""
+        key = (sc.conf.name, DRIFT_METRIC)
+        deviation = obs.value / obs.baseline.mean - 1.0 if obs.baseline.mean > 0 else 0.0
+        was = self.drift.get(key, (0.0, False))[1]
+        self.drift[key] = (deviation, decision.alert)
+        if decision.alert == was:
+            return []
+        entry = Entry(now, sc.conf.name, "drift", DRIFT_METRIC, obs.baseline.mean, obs.value, decision.reason,
+                      "alert raised" if decision.alert else "alert cleared")
+        self.audit.write(entry)
+        return [entry]
+
+    def _apply(self, sc, tconf, now, setting, wanted, reason, recent) -> Entry | None:
+        bounds = sc.conf.settings.get(setting)
+        old = sc.settings.get(setting)
+        if bounds is None:
+            return Entry(now, sc.conf.name, tconf.name, setting, old, wanted, reason,
+                         "refused: no bounds for this setting in the config")
+        new = guarded(float(wanted), old, bounds)
+        if old is not None and math.isclose(new, old, rel_tol=1e-9, abs_tol=1e-12):
+            return None
+        if now < sc.held_until.get(setting, -math.inf):
+            return Entry(now, sc.conf.name, tconf.name, setting, old, new, reason, "held: rolled back recently")
+        if now - sc.last_change.get(setting, -math.inf) < tconf.interval_s:
+            return Entry(now, sc.conf.name, tconf.name, setting, old, new, reason, "held: changed this interval")
+        note = "" if new == wanted else f" (tuner wanted {wanted:g})"
+        if self.dry_run or sc.actuator is None:
+            return Entry(now, sc.conf.name, tconf.name, setting, old, new, reason + note, "dry-run")
+        try:
+            sc.actuator.push({setting: new})
+        except ActuatorError as exc:
+            sc.reachable, sc.retry_at = False, now + sc.backoff_s
+            return Entry(now, sc.conf.name, tconf.name, setting, old, new, reason + note, f"push failed: {exc}")
+        sc.settings[setting] = new
+        sc.last_change[setting] = now
+        p99, load = merged_p99(recent)
+        if old is not None and math.isfinite(p99):
+            sc.pending.append(Pending(tconf.name, setting, old, new, now, tconf.interval_s, p99, load))
+        return Entry(now, sc.conf.name, tconf.name, setting, old, new, reason + note, "pushed")
+
+    def _judge(self, sc: ServiceControl, now: float, windows: list[Window]) -> list[Entry]:
+        """Roll back a change whose next interval has a clearly worse P99 under a similar load."""
+        entries, still = [], []
+        for p in sc.pending:
+            if now - p.t < p.interval_s:
+                still.append(p)
+                continue
+            after = [w for w in windows if w.start >= p.t]
+            p99, load = merged_p99(after)
+            similar = load <= p.before_load * LOAD_CHANGED
+            worse = math.isfinite(p99) and p99 > max(p.before_p99 * ROLLBACK_WORSE, sc.conf.spec.slo_p99_s)
+            if not (worse and similar):
+                continue
+            why = (f"P99 {p99 * 1e3:.0f} ms after the change vs {p.before_p99 * 1e3:.0f} ms before, "
+                   f"load {load:.1f}/s vs {p.before_load:.1f}/s")
+            outcome = "rolled back"
+            try:
+                if not self.dry_run:
+                    sc.actuator.push({p.setting: p.old})
+                sc.settings[p.setting] = p.old
+            except ActuatorError as exc:
+                outcome = f"rollback failed: {exc}"
+            sc.last_change[p.setting] = now
+            sc.held_until[p.setting] = now + HOLD_INTERVALS * p.interval_s
+            entry = Entry(now, sc.conf.name, p.tuner, p.setting, p.new, p.old, why, outcome)
+            self.audit.write(entry)
+            entries.append(entry)
+        sc.pending = still
+        return entries

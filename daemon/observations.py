@@ -1,0 +1,112 @@
+"""Turns a service's recent Windows into the Observation each tuner reads.
+Generic signals come from the Window (latency, rate, rejections, goodput);
+the rest from well-known metric families a service may export (in flight,
+batches, traces kept, tool calls, breakers), found by name suffix."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tuners import batch, breaker, drift, sampling, throttle
+
+from daemon.config import ServiceConf
+from daemon.window import Window
+
+
+@dataclass(frozen=True)
+class Context:
+    """What some observations need beyond the windows: the baseline store's view."""
+    baseline: drift.Baseline | None = None
+
+
+def _merged(windows: list[Window]):
+    hist = None
+    for w in windows:
+        if w.latency is not None:
+            hist = w.latency if hist is None else hist.plus(w.latency)
+    return hist
+
+
+def _q(hist, q: float) -> float:
+    v = hist.quantile(q) if hist is not None else math.nan
+    return v if math.isfinite(v) else 0.0
+
+
+def _seconds(windows: list[Window]) -> float:
+    return max(sum(w.seconds for w in windows), 1e-9)
+
+
+def _family_sum(windows: list[Window], suffix: str, label_has: str = "") -> float:
+    """Sum of counter deltas (or histogram counts) of families ending in `suffix`."""
+    total = 0.0
+    for w in windows:
+        for table in (w.counters, w.histograms):
+            for (fam, label), v in table.items():
+                if fam.endswith(suffix) and label_has in label:
+                    total += v if isinstance(v, float) else v.count
+    return total
+
+
+def _gauge_max(windows: list[Window], suffix: str) -> float | None:
+    values = [v for w in windows for (fam, _), v in w.gauges.items() if fam.endswith(suffix)]
+    return max(values) if values else None
+
+
+def _family_hist(windows: list[Window], suffix: str):
+    hist = None
+    for w in windows:
+        for (fam, _), h in w.histograms.items():
+            if fam.endswith(suffix):
+                hist = h if hist is None else hist.plus(h)
+    return hist
+
+
+def for_throttle(now, windows, conf: ServiceConf) -> throttle.Observation:
+    hist, secs = _merged(windows), _seconds(windows)
+    completed = sum(w.requests for w in windows) / secs
+    in_flight = _gauge_max(windows, "_inflight_requests")
+    if in_flight is None:  # Little's law when the service does not say
+        in_flight = completed * (hist.mean() if hist is not None and hist.count else 0.0)
+    return throttle.Observation(
+        now=now, slo_s=conf.spec.slo_p99_s, p50_s=_q(hist, 0.5), p90_s=_q(hist, 0.9), p99_s=_q(hist, 0.99),
+        arrival_rps=sum(w.requests + w.rejected for w in windows) / secs, completed_rps=completed,
+        goodput_rps=sum(w.goodput * w.seconds for w in windows) / secs,
+        rejected_rps=sum(w.rejected for w in windows) / secs, in_flight=float(in_flight))
+
+
+def for_batch(now, windows, conf: ServiceConf) -> batch.Observation:
+    hist, secs = _merged(windows), _seconds(windows)
+    sizes, compute = _family_hist(windows, "_batch_size"), _family_hist(windows, "_batch_compute_seconds")
+    batches = ()
+    if sizes is not None and compute is not None and sizes.count and compute.count:
+        batches = ((max(1, round(sizes.mean())), compute.count, compute.mean()),)
+    return batch.Observation(
+        now=now, slo_s=conf.spec.slo_p99_s, p99_s=_q(hist, 0.99),
+        arrival_rps=sum(w.requests + w.rejected for w in windows) / secs,
+        goodput_rps=sum(w.goodput * w.seconds for w in windows) / secs, batches=batches)
+
+
+def for_sampling(now, windows, conf: ServiceConf, budget_per_s: float) -> sampling.Observation:
+    hist, secs = _merged(windows), _seconds(windows)
+    return sampling.Observation(
+        now=now, request_rps=sum(w.requests for w in windows) / secs,
+        error_rps=sum(w.errors for w in windows) / secs, p90_s=_q(hist, 0.9), p99_s=_q(hist, 0.99),
+        kept_rps=_family_sum(windows, "_traces_total", "sampled=true") / secs,
+        budget_traces_per_s=budget_per_s)
+
+
+def for_breaker(now, windows, conf: ServiceConf, slo_failure_rate: float) -> breaker.Observation:
+    calls = _family_sum(windows, "_tool_calls_total")
+    failures = _family_sum(windows, "_tool_calls_total", "outcome=error")
+    open_now = [v for (fam, _), v in (windows[-1].gauges.items() if windows else ()) if fam.endswith("_breaker_open")]
+    return breaker.Observation(now=now, calls=int(calls), failures=int(failures),
+                               breaker_open=any(v > 0 for v in open_now), slo_failure_rate=slo_failure_rate)
+
+
+def for_drift(now, windows, ctx: Context) -> drift.Observation | None:
+    """The P99 of the interval against the stored baseline; None until a baseline exists."""
+    hist = _merged(windows)
+    if ctx.baseline is None or hist is None or not hist.count:
+        return None
+    samples = tuple(w.p(0.99) for w in windows if w.requests and math.isfinite(w.p(0.99)))
+    return drift.Observation(now=now, value=_q(hist, 0.99), baseline=ctx.baseline, samples=samples)

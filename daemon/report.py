@@ -1,0 +1,107 @@
+"""The demo report: one self-contained HTML page with plots of P99 vs SLO over
+time, each tuned setting over time with its decisions marked, and the
+attribution shares, built from /status snapshots and the audit log."""
+from __future__ import annotations
+
+import base64
+import html
+import io
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+MARKS = {"pushed": ("^", "tab:green"), "rolled back": ("x", "tab:red"), "dry-run": ("o", "tab:gray")}
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _latency_plot(name: str, snaps: list[dict], t0: float, phases: list[tuple[float, str]]) -> str:
+    fig, ax = plt.subplots(figsize=(9, 2.8))
+    ts = [s["t"] - t0 for s in snaps]
+    svc = [s["services"][name] for s in snaps]
+    p99 = [x["p99_s"] * 1e3 if x["p99_s"] is not None else float("nan") for x in svc]
+    p50 = [x["p50_s"] * 1e3 if x["p50_s"] is not None else float("nan") for x in svc]
+    ax.plot(ts, p99, label="P99", color="tab:red")
+    ax.plot(ts, p50, label="P50", color="tab:blue", alpha=0.7)
+    ax.axhline(svc[0]["slo_p99_s"] * 1e3, color="black", linestyle="--", label="SLO (P99)")
+    ax2 = ax.twinx()
+    ax2.plot(ts, [x["rate_rps"] for x in svc], color="tab:gray", alpha=0.5, label="answered req/s")
+    ax2.set_ylabel("req/s")
+    for t, label in phases:
+        ax.axvline(t - t0, color="tab:purple", alpha=0.3)
+        ax.text(t - t0, ax.get_ylim()[1] * 0.95, label, fontsize=7, color="tab:purple")
+    ax.set_ylabel("ms")
+    ax.set_xlabel("seconds")
+    ax.set_title(f"{name}: latency vs SLO")
+    ax.legend(loc="upper left", fontsize=7)
+    return _png(fig)
+
+
+def _settings_plot(name: str, snaps: list[dict], decisions: list[dict], t0: float) -> str | None:
+    settings = sorted({k for s in snaps for k in s["services"][name]["settings"]})
+    if not settings:
+        return None
+    fig, axes = plt.subplots(len(settings), 1, figsize=(9, 1.9 * len(settings)), squeeze=False)
+    for ax, setting in zip(axes[:, 0], settings):
+        pts = [(s["t"] - t0, s["services"][name]["settings"].get(setting)) for s in snaps]
+        ax.step([p[0] for p in pts], [p[1] for p in pts], where="post", color="tab:blue")
+        for d in decisions:
+            if d["service"] == name and d["setting"] == setting:
+                for outcome, (marker, color) in MARKS.items():
+                    if d["outcome"].startswith(outcome):
+                        ax.scatter([d["t"] - t0], [d["new"]], marker=marker, color=color, zorder=3)
+        ax.set_ylabel(setting, fontsize=8)
+    axes[0, 0].set_title(f"{name}: settings (▲ pushed, ✕ rolled back, ● dry-run)")
+    axes[-1, 0].set_xlabel("seconds")
+    return _png(fig)
+
+
+def _attribution_plot(name: str, snaps: list[dict], t0: float) -> str | None:
+    rows = [(s["t"] - t0, (s["services"][name].get("attribution") or {}).get("shares") or {}) for s in snaps]
+    causes = sorted({c for _, shares in rows for c in shares})
+    if not causes:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 2.5))
+    ax.stackplot([t for t, _ in rows], *[[shares.get(c, 0.0) for _, shares in rows] for c in causes],
+                 labels=causes, alpha=0.8)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("share of P99 excess")
+    ax.set_title(f"{name}: attribution")
+    ax.legend(loc="upper left", fontsize=7, ncol=3)
+    return _png(fig)
+
+
+def write(path: Path, snaps: list[dict], decisions: list[dict], phases: list[tuple[float, str]],
+          summary_lines: list[str]) -> Path:
+    if not snaps:
+        raise ValueError("no status snapshots to report on: did the daemon answer /status?")
+    t0 = snaps[0]["t"]
+    parts = ["<!doctype html><meta charset=utf-8><title>slotune demo report</title>",
+             "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}"
+             "td,th{padding:2px 8px;font-size:13px}img{max-width:100%}</style>",
+             "<h1>slotune demo report</h1><ul>"]
+    parts += [f"<li>{html.escape(line)}</li>" for line in summary_lines]
+    parts.append("</ul>")
+    for name in snaps[-1]["services"]:
+        parts.append(f"<h2>{html.escape(name)}</h2>")
+        for img in (_latency_plot(name, snaps, t0, phases), _settings_plot(name, snaps, decisions, t0),
+                    _attribution_plot(name, snaps, t0)):
+            if img:
+                parts.append(f'<img alt="{html.escape(name)}" src="data:image/png;base64,{img}">')
+    parts.append("<h2>Decisions</h2><table><tr><th>t (s)</th><th>service.setting</th><th>old → new</th>"
+                 "<th>outcome</th><th>why</th></tr>")
+    for d in decisions:
+        parts.append(f"<tr><td>{d['t'] - t0:.0f}</td><td>{html.escape(d['service'])}.{html.escape(d['setting'])}</td>"
+                     f"<td>{d['old']} → {d['new']}</td><td>{html.escape(d['outcome'])}</td>"
+                     f"<td>{html.escape(d['reason'])}</td></tr>")
+    parts.append("</table>")
+    path.write_text("\n".join(parts))
+    return path

@@ -1,0 +1,110 @@
+"""The control loop's guards, with a real file actuator (and a real closed
+port for a control surface that is down) on hand-built windows."""
+import json
+
+import numpy as np
+import pytest
+
+from daemon.actuators.file import FileActuator
+from daemon.actuators.http_json import HttpJsonActuator
+from daemon.audit import AuditLog
+from daemon.config import Bounds, Config, Control, ServiceConf, TunerConf
+from daemon.control import ControlLoop, guarded
+from daemon.histogram import Histogram
+from daemon.services import ServiceSpec
+from daemon.window import Window
+
+SLO = 0.2
+
+
+def window(t, p99_s, n=100, service="api"):
+    """n requests in [t-1, t): most at 20 ms, the slowest 2 % at p99_s."""
+    values = np.r_[np.full(n - n // 50, 20e6), np.full(n // 50, p99_s * 1e9)]
+    return Window(service, t - 1, t, SLO, latency=Histogram.from_values(values), latency_source="service")
+
+
+def service_conf(path, policy="whitepaper", max_step=50.0):
+    return ServiceConf(ServiceSpec("api", cmdline="api", slo_p99_s=SLO),
+                       control=Control("file", path=str(path)),
+                       tuners=(TunerConf("throttle", policy, 1.0),),
+                       settings={"rate_limit_rps": Bounds(10.0, 1000.0, max_step)})
+
+
+def loop(tmp_path, dry_run=False, max_step=50.0, start=100.0):
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"rate_limit_rps": start}))
+    conf = service_conf(path, max_step=max_step)
+    audit = AuditLog(tmp_path / "audit.jsonl")
+    cfg = Config(path="test", services=(conf,))
+    return ControlLoop(cfg, {"api": FileActuator(str(path))}, audit, dry_run), path, audit
+
+
+def pushed(path):
+    return json.loads(path.read_text())["rate_limit_rps"]
+
+
+def test_guard_limits_the_step_then_the_bounds():
+    b = Bounds(1.0, 100.0, 10.0)
+    assert guarded(500.0, 50.0, b) == 60.0
+    assert guarded(0.0, 5.0, b) == 1.0
+    assert guarded(42.0, None, b) == 42.0
+
+
+def test_overload_pushes_the_whitepaper_decrease_within_the_largest_step(tmp_path):
+    control, path, audit = loop(tmp_path, max_step=5.0)
+    entries = control.tick(1.0, {"api": [window(1.0, 0.5)]})
+    assert [e.outcome for e in entries] == ["pushed"]
+    assert pushed(path) == 95.0           # tuner wanted 90 (x0.9), the step allows 5
+    assert "tuner wanted 90" in entries[0].reason
+    lines = [json.loads(l) for l in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert lines[0]["old"] == 100.0 and lines[0]["new"] == 95.0 and lines[0]["outcome"] == "pushed"
+
+
+def test_dry_run_decides_and_audits_but_never_writes(tmp_path):
+    control, path, audit = loop(tmp_path, dry_run=True)
+    entries = control.tick(1.0, {"api": [window(1.0, 0.5)]})
+    assert [e.outcome for e in entries] == ["dry-run"] and entries[0].new == 90.0
+    assert pushed(path) == 100.0
+
+
+def test_at_most_one_change_per_setting_per_interval(tmp_path):
+    control, path, _ = loop(tmp_path)
+    control.tick(1.0, {"api": [window(1.0, 0.5)]})
+    assert control.tick(1.5, {"api": [window(1.0, 0.5), window(1.5, 0.5)]}) == []
+    assert pushed(path) == 90.0
+
+
+def test_a_change_that_makes_p99_worse_at_the_same_load_is_rolled_back(tmp_path):
+    control, path, audit = loop(tmp_path)
+    history = [window(1.0, 0.1)]
+    first = control.tick(1.0, {"api": history})
+    assert pushed(path) == pytest.approx(110.0) and first[0].outcome == "pushed"   # P99 under SLO: x1.1
+    history.append(window(2.0, 0.5))                                  # worse, same load
+    entries = control.tick(2.0, {"api": history})
+    outcomes = [e.outcome for e in entries]
+    assert outcomes[0] == "rolled back" and pushed(path) == 100.0
+    assert "held: rolled back recently" in outcomes[1:]
+
+
+def test_a_worse_p99_under_a_much_higher_load_is_not_blamed_on_the_change(tmp_path):
+    control, path, _ = loop(tmp_path)
+    history = [window(1.0, 0.1, n=100)]
+    control.tick(1.0, {"api": history})
+    history.append(window(2.0, 0.5, n=300))
+    entries = control.tick(2.0, {"api": history})
+    assert "rolled back" not in [e.outcome for e in entries]
+
+
+def test_control_surface_down_means_observe_only_with_back_off():
+    conf = ServiceConf(ServiceSpec("api", cmdline="api", slo_p99_s=SLO),
+                       control=Control("reference", url="http://127.0.0.1:1/admin/config"),
+                       tuners=(TunerConf("throttle", "whitepaper", 1.0),),
+                       settings={"rate_limit_rps": Bounds(10.0, 1000.0, 50.0)})
+    control = ControlLoop(Config(path="t", services=(conf,)),
+                          {"api": HttpJsonActuator(conf.control.url, settings_key="settings")},
+                          AuditLog(None), dry_run=False)
+    assert control.tick(1.0, {"api": [window(1.0, 0.5)]}) == []
+    sc = control.services["api"]
+    assert not sc.reachable and sc.retry_at == pytest.approx(2.0)
+    control.tick(2.0, {"api": [window(2.0, 0.5)]})
+    assert sc.retry_at == pytest.approx(4.0)     # 1 s, then 2 s, doubling to 60 s
