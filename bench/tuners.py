@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tuner", action="append", choices=list(BENCHES), help="only this tuner (repeatable)")
     ap.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     args = ap.parse_args(argv)
-    seeds = args.seeds or (3 if args.quick else 10)
+    seeds = args.seeds if args.seeds is not None else (3 if args.quick else 10)
     if seeds < 1:
         ap.error(f"--seeds must be at least 1, got {seeds}")
     tuners = args.tuner or list(BENCHES)

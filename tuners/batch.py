@@ -132,7 +132,7 @@ def _slotune_decide(state: FitState, obs: Observation):
     a, c = model
     fits = (MARGIN * obs.slo_s / 2 - a) / c
     why = f"batch time {a * 1e3:.1f} + {c * 1e3:.2f}*b ms: two batches fit the SLO up to b={fits:.0f}"
-    if obs.p99_s > obs.slo_s and state.size >= fits:  # a backlog: bigger batches drain it faster
+    if obs.p99_s > obs.slo_s and state.size >= int(fits):  # a backlog: bigger batches drain it faster
         size, why = state.size * 1.5, why + f"; P99 {obs.p99_s * 1e3:.0f} ms over SLO: grow to drain the queue"
     elif obs.p99_s > 0.7 * obs.slo_s:
         size = max(fits, state.size)

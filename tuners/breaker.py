@@ -123,8 +123,8 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
     open_s = state.breaker.open_s
     if obs.breaker_open and state.was_open and obs.failures > 0:
         open_s = min(MAX_OPEN_S, open_s * 2)      # a half-open probe failed: it opened again
-    elif not obs.breaker_open:
-        open_s = 1.0
+    elif not obs.breaker_open or not state.was_open:
+        open_s = 1.0                        # closed, or just opened: back to the base
     new = BreakerState(0.5, float(min(k, 50)), open_s)
     why = f"healthy failure rate <= {wilson_upper(fails, calls):.3%}: open after {new.consecutive:.0f} in a row or 50 %"
     return _push(state.breaker, new, why, SlotuneState(new, calls, fails, obs.breaker_open))

@@ -56,8 +56,8 @@ def _equal_decide(state, obs: Observation):
 
 # --- slotune: fewest deadline misses. Fit each hop's latency as lognormal from its P50 and
 # P99; the budgets b_i that minimise sum_i P(hop i > b_i) under sum_i b_i = SLO are where
-# every hop's density is equal (Lagrange), found by bisection. Smoothed; the SLO split
-# until every hop has data.
+# every hop's density is equal (Lagrange), found by bisection. Smoothed from the current
+# weights; held while some hop has no data.
 SMOOTH = 0.3
 Z99 = 2.326
 
@@ -101,7 +101,7 @@ def _slotune_decide(state: dict[str, float], obs: Observation):
     p50, p99 = dict(obs.hop_p50_s), dict(obs.hop_p99_s)
     fits = {hop: (p50[hop], max(p99[hop], p50[hop])) for hop in prior if p50.get(hop, 0) > 0 and p99.get(hop, 0) > 0}
     if len(fits) < len(prior):
-        return _push(state, state or prior, "not every hop has latency data")
+        return state, Decision({}, "not every hop has latency data: weights held")
     now = least_miss_weights(obs.slo_s, fits)
     blended = _normalise({hop: (1 - SMOOTH) * state.get(hop, prior[hop]) + SMOOTH * now[hop] for hop in prior})
     return _push(state, blended, "fewest expected deadline misses, from per-hop lognormal fits")

@@ -1,0 +1,99 @@
+"""Drift detectors pinned on hand-computed cases, plus the acceptance figures on simulated streams."""
+import math
+
+import numpy as np
+
+from bench.sim import drift_bench
+from tuners import drift
+
+P = drift.POLICIES
+BASE = drift.Baseline(mean=1.0, std=0.02, windows=168)
+
+
+def obs(value, baseline=BASE, samples=(), now=0.0):
+    return drift.Observation(now=now, value=value, baseline=baseline, samples=samples)
+
+
+def alerts(name, values):
+    p = P[name]
+    s, out = p.initial_state({}), []
+    for v in values:
+        s, d = p.decide(s, obs(v))
+        out.append(d.alert)
+    return out
+
+
+def test_whitepaper_8_percent_rule():
+    assert alerts("whitepaper", [1.09, 1.07, 0.91, 0.93]) == [True, False, True, False]
+
+
+def test_zscore_3_sigma():
+    assert alerts("zscore", [1.07, 1.05, 0.93]) == [True, False, True]
+
+
+def test_cusum_accumulates_and_resets():
+    s = drift.Cusum()
+    fired = []
+    for _ in range(4):
+        s, f = drift.cusum_step(s, 2.0, 0.5, 5.0)
+        fired.append(f)
+    assert fired == [False, False, False, True] and s == drift.Cusum()
+    assert alerts("cusum", [1.04] * 4) == [False, False, False, True]   # z = 2: 1.5, 3, 4.5, 6 > 5
+
+
+def test_page_hinkley_fires_on_the_jump_not_before():
+    s = drift.PageHinkley()
+    for _ in range(10):
+        s, fired = drift.page_hinkley_step(s, 0.0)
+        assert not fired
+    s, fired = drift.page_hinkley_step(s, 100.0)   # up = 100 - 100/11 - 0.005 - ~0.05 > 50
+    assert fired
+
+
+def test_ks_compares_distributions():
+    rng = np.random.default_rng(0)
+    base = drift.Baseline(1.0, 0.02, 168, tuple(rng.lognormal(0, 0.5, 1000)))
+    same = tuple(rng.lognormal(0, 0.5, 200))
+    moved = tuple(rng.lognormal(0.5, 0.5, 200))
+    ks = P["ks"]
+    assert not ks.decide(None, obs(1.0, base, same))[1].alert
+    assert ks.decide(None, obs(1.0, base, moved))[1].alert
+
+
+def test_siegmund_matches_the_textbook_run_length():
+    # one-sided ARL0 for k = 0.5, h = 5 is about 938 windows (Siegmund); two-sided half of it
+    assert abs(2 * drift.siegmund_arl0(0.5, 5.0) - 938) < 2
+    h = drift.cusum_h(0.5)
+    assert drift.siegmund_arl0(0.5, h) >= 2000 > drift.siegmund_arl0(0.5, h - 0.25)
+
+
+def test_slotune_ignores_one_outlier_window_but_not_a_sustained_shift():
+    # sigma 2 %: k = log(1.1) / 2 / 0.02 = 2.38, h = 2.5
+    assert alerts("slotune", [1.09, 1.0, 1.0, 1.0]) == [False] * 4
+    assert alerts("slotune", [1.10, 1.10]) == [False, True]
+    assert alerts("slotune", [1.12]) == [True]                           # > 5 sigma in one window
+
+
+def test_policies_are_pure():
+    values = [1.0, 1.03, 0.98, 1.1, 1.12, 1.0, 0.9]
+    for name, p in P.items():
+        outs = []
+        for _ in range(2):
+            s, out = p.initial_state({}), []
+            for v in values:
+                before = repr(s)
+                nxt, d = p.decide(s, obs(v, samples=tuple(np.linspace(0.5, 1.5, 30) * v)))
+                assert repr(s) == before, name
+                s = nxt
+                out.append(d)
+            outs.append(out)
+        assert outs[0] == outs[1], name
+
+
+def test_slotune_detects_10_percent_within_2_windows_without_false_alarms():
+    shifted = [drift_bench.run_one("slotune", "shift_10", seed, quick=True) for seed in range(4)]
+    assert np.median([r["delay_windows"] for r in shifted]) <= 2
+    null = [drift_bench.run_one("slotune", "null", seed, quick=True)["fa_per_week"] for seed in range(3)]
+    assert np.mean(null) <= 1
+    low = [drift_bench.run_one(p, "null_low_traffic", 1, quick=True)["fa_per_week"] for p in ("slotune", "whitepaper")]
+    assert low[0] < low[1]

@@ -1,0 +1,102 @@
+"""Throttle policies pinned on hand-computed cases, plus the closed-loop step test."""
+import math
+
+import numpy as np
+
+from bench.sim import throttle_bench
+from tuners import throttle
+
+P = throttle.POLICIES
+
+
+def obs(p50=0.1, p99=0.2, in_flight=20.0, slo=0.3, now=1.0, completed=100.0, rejected=0.0, queue_p99=0.0):
+    return throttle.Observation(now=now, slo_s=slo, p50_s=p50, p90_s=p50, p99_s=p99, arrival_rps=completed + rejected,
+                                completed_rps=completed, goodput_rps=completed, rejected_rps=rejected,
+                                in_flight=in_flight, queue_p99_s=queue_p99)
+
+
+def test_whitepaper_aimd_rate():
+    s = P["whitepaper"].initial_state({"rate_limit_rps": 100})
+    s, d = P["whitepaper"].decide(s, obs(p99=0.5))
+    assert d.changes == {"rate_limit_rps": 90.0}
+    s, d = P["whitepaper"].decide(s, obs(p99=0.1))
+    assert math.isclose(d.changes["rate_limit_rps"], 99.0)
+
+
+def test_gradient2_formula():
+    g = P["gradient2"]
+    s = g.initial_state({"concurrency_limit": 20})
+    s, d = g.decide(s, obs(p50=0.1))          # long = short: gradient 1, +4 queue, smoothing 0.2
+    assert math.isclose(d.changes["concurrency_limit"], 20 * 0.8 + (20 + 4) * 0.2)
+    s, d = g.decide(s, obs(p50=0.4))          # long rtt (0.1+0.4)/2 = 0.25, gradient 1.5*0.25/0.4
+    expected = 20.8 * 0.8 + (20.8 * 0.9375 + 4) * 0.2
+    assert math.isclose(d.changes["concurrency_limit"], expected)
+
+
+def test_gradient2_holds_when_app_limited():
+    g = P["gradient2"]
+    s, d = g.decide(g.initial_state({"concurrency_limit": 20}), obs(in_flight=9))
+    assert d.changes == {} and s.limit == 20
+
+
+def test_vegas_alpha_beta():
+    v = P["vegas"]
+    s = v.initial_state({"concurrency_limit": 20})
+    s, d = v.decide(s, obs(p50=0.1))          # first sample sets rtt_noload
+    assert d.changes == {} and s.rtt_noload == 0.1
+    s, d = v.decide(s, obs(p50=0.1))          # queue 0 <= threshold 1: + beta (6)
+    assert d.changes == {"concurrency_limit": 26.0}
+    s, d = v.decide(s, obs(p50=0.2, in_flight=26))  # queue ceil(26*0.5) = 13 > beta: - log10 (1)
+    assert d.changes == {"concurrency_limit": 25.0}
+
+
+def test_envoy_min_rtt_window_then_gradient():
+    e = P["envoy"]
+    s = e.initial_state({"concurrency_limit": 50})
+    s, d = e.decide(s, obs(now=1))
+    assert d.changes == {"concurrency_limit": 3.0}
+    s, d = e.decide(s, obs(now=2, p50=0.5))    # drains the queue built before the pin
+    s, d = e.decide(s, obs(now=3, p50=0.05, completed=60))
+    assert d.changes == {"concurrency_limit": 50.0} and s.min_rtt == 0.05
+    s, d = e.decide(s, obs(now=4, p50=0.1))    # gradient 0.05*1.25/0.1 = 0.625, + sqrt headroom
+    assert math.isclose(d.changes["concurrency_limit"], 31.25 + math.sqrt(31.25))
+
+
+def test_slotune_cuts_on_queue_over_budget_and_grows_when_binding():
+    sl = P["slotune"]
+    s = sl.initial_state({"concurrency_limit": 40})
+    # SLO 0.3: target 0.24; service tail 0.2 -> queue budget max(0.04, 0.05) = 0.05
+    s2, d = sl.decide(s, obs(p99=0.4, queue_p99=0.2, in_flight=40))
+    assert math.isclose(d.changes["concurrency_limit"], 40 * 0.5)    # (0.05+0.005)/(0.2+0.005) < 0.5
+    s3, d = sl.decide(s, obs(p99=0.1, queue_p99=0.0, rejected=5))
+    assert math.isclose(d.changes["concurrency_limit"], 44.0)        # binding, no queue: x1.1
+    s4, d = sl.decide(s, obs(p99=0.1, queue_p99=0.0, in_flight=10))
+    assert d.changes == {}                                           # not binding: hold
+
+
+def test_policies_are_pure():
+    for name, p in P.items():
+        settings = {"concurrency_limit": 30.0, "rate_limit_rps": 100.0}
+        s0 = p.initial_state(settings)
+        seq = [obs(now=t, p50=0.05 * t, p99=0.1 * t, queue_p99=0.02 * t, in_flight=30) for t in range(1, 6)]
+        runs = []
+        for _ in range(2):
+            s, out = s0, []
+            for o in seq:
+                before = repr(s)
+                nxt, d = p.decide(s, o)
+                assert repr(s) == before, f"{name} mutated its state"
+                s = nxt
+                out.append(d)
+            runs.append(out)
+        assert runs[0] == runs[1], name
+
+
+def test_slotune_beats_whitepaper_on_the_3x_step():
+    """Closed loop, fixed seeds: 0.5C -> 1.5C -> 0.5C; slotune settles within 3 intervals and
+    spends at most half the whitepaper's seconds with P99 over the SLO."""
+    runs = {p: [throttle_bench.run_one(p, "step", seed, quick=True) for seed in (1, 2)] for p in ("slotune", "whitepaper")}
+    over = {p: np.median([r["over_slo_s"] for r in rs]) for p, rs in runs.items()}
+    assert over["slotune"] <= over["whitepaper"] / 2
+    assert np.median([r["settle_s"] for r in runs["slotune"]]) <= 3
+    assert np.median([r["goodput_ratio"] for r in runs["slotune"]]) > np.median([r["goodput_ratio"] for r in runs["whitepaper"]])
