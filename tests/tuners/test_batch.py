@@ -4,6 +4,7 @@ import math
 import numpy as np
 
 from bench.sim import batch_bench
+from tests.tuners.purity import assert_pure
 from tuners import batch
 
 P = batch.POLICIES
@@ -78,18 +79,7 @@ def test_slotune_grows_to_drain_a_backlog():
 def test_policies_are_pure():
     seq = [obs(now=5.0 * k, p99=0.02 * k, batches=((k, 3, 0.01 + 0.002 * k), (2 * k, 3, 0.01 + 0.004 * k)))
            for k in range(1, 8)]
-    for name, p in P.items():
-        outs = []
-        for _ in range(2):
-            s, out = p.initial_state(START), []
-            for o in seq:
-                before = repr(s)
-                nxt, d = p.decide(s, o)
-                assert repr(s) == before, name
-                s = nxt
-                out.append(d)
-            outs.append(out)
-        assert outs[0] == outs[1], name
+    assert_pure(P, START, seq)
 
 
 def test_slotune_beats_whitepaper_on_the_step_and_nears_the_oracle():

@@ -2,6 +2,7 @@
 import math
 
 from bench.sim import breaker_bench
+from tests.tuners.purity import assert_pure
 from tuners import breaker
 
 P = breaker.POLICIES
@@ -60,18 +61,7 @@ def test_slotune_backs_off_while_probes_fail_and_resets_on_close():
 
 def test_policies_are_pure():
     seq = [obs(now=t, calls=20, failures=(20 if 40 < t < 60 else t % 2), is_open=40 < t < 65) for t in range(1, 100)]
-    for name, p in P.items():
-        outs = []
-        for _ in range(2):
-            s, out = p.initial_state(START), []
-            for o in seq:
-                before = repr(s)
-                nxt, d = p.decide(s, o)
-                assert repr(s) == before, name
-                s = nxt
-                out.append(d)
-            outs.append(out)
-        assert outs[0] == outs[1], name
+    assert_pure(P, START, seq)
 
 
 def test_slotune_loses_fewer_calls_than_the_whitepaper_in_an_outage():

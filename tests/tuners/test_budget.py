@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from bench.sim import budget_bench
+from tests.tuners.purity import assert_pure
 from tuners import budget
 
 P = budget.POLICIES
@@ -49,18 +50,7 @@ def test_bad_inputs_are_named():
 def test_policies_are_pure():
     seq = [obs(p50=tuple((h, 0.01 * k * (i + 1)) for i, (h, _) in enumerate(HOPS)),
                p99=tuple((h, 0.03 * k * (i + 1)) for i, (h, _) in enumerate(HOPS))) for k in range(1, 6)]
-    for name, p in P.items():
-        outs = []
-        for _ in range(2):
-            s, out = p.initial_state(START), []
-            for o in seq:
-                before = repr(s)
-                nxt, d = p.decide(s, o)
-                assert repr(s) == before, name
-                s = nxt
-                out.append(d)
-            outs.append(out)
-        assert outs[0] == outs[1], name
+    assert_pure(P, START, seq)
 
 
 def test_slotune_beats_hand_written_hop_slos():

@@ -4,6 +4,7 @@ import math
 import numpy as np
 
 from bench.sim import drift_bench
+from tests.tuners.purity import assert_pure
 from tuners import drift
 
 P = drift.POLICIES
@@ -76,18 +77,7 @@ def test_slotune_ignores_one_outlier_window_but_not_a_sustained_shift():
 
 def test_policies_are_pure():
     values = [1.0, 1.03, 0.98, 1.1, 1.12, 1.0, 0.9]
-    for name, p in P.items():
-        outs = []
-        for _ in range(2):
-            s, out = p.initial_state({}), []
-            for v in values:
-                before = repr(s)
-                nxt, d = p.decide(s, obs(v, samples=tuple(np.linspace(0.5, 1.5, 30) * v)))
-                assert repr(s) == before, name
-                s = nxt
-                out.append(d)
-            outs.append(out)
-        assert outs[0] == outs[1], name
+    assert_pure(P, {}, [obs(v, samples=tuple(np.linspace(0.5, 1.5, 30) * v)) for v in values])
 
 
 def test_slotune_detects_10_percent_within_2_windows_without_false_alarms():

@@ -4,6 +4,7 @@ import math
 import numpy as np
 
 from bench.sim import sampling_bench
+from tests.tuners.purity import assert_pure
 from tuners import sampling
 
 P = sampling.POLICIES
@@ -51,18 +52,7 @@ def test_slotune_spends_the_budget_left_after_the_tail_rule():
 
 def test_policies_are_pure():
     seq = [obs(req=100 + 10 * k, err=k, p90=0.01 * k, p99=0.02 * k, kept=5 + k, now=k) for k in range(1, 70)]
-    for name, p in P.items():
-        outs = []
-        for _ in range(2):
-            s, out = p.initial_state({"trace_sample_rate": 0.2}), []
-            for o in seq:
-                before = repr(s)
-                nxt, d = p.decide(s, o)
-                assert repr(s) == before, name
-                s = nxt
-                out.append(d)
-            outs.append(out)
-        assert outs[0] == outs[1], name
+    assert_pure(P, {"trace_sample_rate": 0.2}, seq)
 
 
 def test_slotune_holds_the_budget_and_keeps_every_error():

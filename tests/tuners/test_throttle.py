@@ -4,6 +4,7 @@ import math
 import numpy as np
 
 from bench.sim import throttle_bench
+from tests.tuners.purity import assert_pure
 from tuners import throttle
 
 P = throttle.POLICIES
@@ -75,21 +76,8 @@ def test_slotune_cuts_on_queue_over_budget_and_grows_when_binding():
 
 
 def test_policies_are_pure():
-    for name, p in P.items():
-        settings = {"concurrency_limit": 30.0, "rate_limit_rps": 100.0}
-        s0 = p.initial_state(settings)
-        seq = [obs(now=t, p50=0.05 * t, p99=0.1 * t, queue_p99=0.02 * t, in_flight=30) for t in range(1, 6)]
-        runs = []
-        for _ in range(2):
-            s, out = s0, []
-            for o in seq:
-                before = repr(s)
-                nxt, d = p.decide(s, o)
-                assert repr(s) == before, f"{name} mutated its state"
-                s = nxt
-                out.append(d)
-            runs.append(out)
-        assert runs[0] == runs[1], name
+    seq = [obs(now=t, p50=0.05 * t, p99=0.1 * t, queue_p99=0.02 * t, in_flight=30) for t in range(1, 6)]
+    assert_pure(P, {"concurrency_limit": 30.0, "rate_limit_rps": 100.0}, seq)
 
 
 def test_slotune_beats_whitepaper_on_the_3x_step():
