@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from tuners.base import Decision, Policy, clamp, setting
+from tuners.base import Decision, Policy, setting
 
 INTERVAL_S = 1.0
 NAMES = ("breaker_failure_threshold", "breaker_consecutive_failures", "breaker_open_s")

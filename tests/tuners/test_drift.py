@@ -1,6 +1,4 @@
 """Drift detectors pinned on hand-computed cases, plus the acceptance figures on simulated streams."""
-import math
-
 import numpy as np
 
 from bench.sim import drift_bench
