@@ -2,6 +2,8 @@
 services live through the kernel probes (a table per interval)."""
 from __future__ import annotations
 
+import signal
+import sys
 import time
 
 from daemon.services import ServiceSpec
@@ -81,6 +83,7 @@ def run(args) -> int:
     from daemon.collectors.kernel import KernelCollector
     services = [parse_service(s) for s in args.service]
     collector = KernelCollector(args.family)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))   # detach through close() below
     collector.start(services)
     if not collector.up:
         print(f"kernel probes could not load: {collector.start_error}\nrun `slotune doctor` for the fix")

@@ -1,0 +1,33 @@
+"""`slotune probes`: --print shows exactly what BCC compiles; --watch shows a
+service's figures; bad input names the input and the fix."""
+from bpf import header, source
+from tests.conftest import run_slotune
+
+
+def test_print_shows_every_family_after_the_defines():
+    result = run_slotune("probes", "--print")
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert text.index("#define SIG_RUNQUEUE_WAIT 1") < text.index(header("common").strip()[:200])
+    for name in ("targeting", "runqueue", "offcpu", "tcp", "tls", "http"):
+        assert source(name).strip() in text, name
+    assert "#define OFFCPU_FUTEX 3" in text and "#define TLS_WRITE 1" in text
+
+
+def test_print_one_family():
+    text = run_slotune("probes", "--print", "--family", "tcp").stdout
+    assert source("tcp").strip() in text and source("http").strip() not in text
+
+
+def test_watch_prints_a_table_for_the_service(root_only):
+    result = run_slotune("probes", "--watch", "--service", "me=probes --watch", "--family", "offcpu",
+                         "--interval", "0.3", "--count", "2")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("service        signal") == 2
+    assert "me" in result.stdout
+
+
+def test_bad_input_names_the_fix():
+    assert "expected NAME=MATCH" in run_slotune("probes", "--watch", "--service", "web").stderr
+    assert "known: runqueue, offcpu, tcp, tls, http" in run_slotune("probes", "--print", "--family", "dns").stderr
+    assert "needs at least one --service" in run_slotune("probes", "--watch").stderr
