@@ -7,7 +7,6 @@ Runs on CUDA when present, CPU otherwise (the same code).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -93,8 +92,11 @@ class Generator:
         self.cfg = cfg
         self.device = device
         self.model = Decoder(cfg).to(device).eval()
-        for p in self.model.parameters():
-            nn.init.normal_(p, std=1.0 / math.sqrt(cfg.d_model))
+        for name, p in self.model.named_parameters():     # GPT-2's scheme; LayerNorms keep 1 and 0
+            if p.dim() > 1:
+                nn.init.normal_(p, std=0.02 if "tok" not in name and "pos" not in name else 1.0)
+            elif "ln" not in name:
+                nn.init.zeros_(p)
 
     def encode(self, prompt: str) -> list[int]:
         ids = list(prompt.encode("utf-8"))[-self.cfg.max_prompt_tokens:]
