@@ -17,8 +17,8 @@ DEFAULT_PATH = Path("/etc/slotune/slotune.toml")
 TUNER_SETTINGS = {
     "throttle": ("concurrency_limit",),
     "batch": ("max_batch_size", "max_queue_delay_ms"),
-    "sampling": ("trace_sample_rate",),
-    "breaker": ("breaker_failure_threshold",),
+    "sampling": ("trace_sample_rate", "trace_keep_slower_than_s"),
+    "breaker": ("breaker_failure_threshold", "breaker_consecutive_failures", "breaker_open_s"),
     "drift": (),
 }
 POLICY_SETTINGS = {("throttle", "whitepaper"): ("rate_limit_rps",)}

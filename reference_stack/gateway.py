@@ -32,9 +32,14 @@ from .tracing import TraceSampler
 PORT = port("gateway")
 SETTINGS = [
     Setting("rate_limit_rps", float, 0, 10000, 0.0, "token-bucket admission rate; 0 = unlimited"),
+    Setting("concurrency_limit", int, 0, 10000, 0, "most queries answered at once; more get 429; 0 = unlimited"),
     Setting("trace_sample_rate", float, 0, 1, 0.1, "share of requests whose trace is exported"),
+    Setting("trace_keep_slower_than_s", float, 0, 600, 0.0,
+            "also export every trace slower than this (tail-based keep); 0 = off. Error traces are always kept"),
     Setting("breaker_failure_threshold", float, 0, 1, 0.5,
             "failure ratio over a tool's last 20 calls (at least 5) above which its breaker opens"),
+    Setting("breaker_consecutive_failures", int, 0, 1000, 0, "also open after this many failures in a row; 0 = off"),
+    Setting("breaker_open_s", float, 0.1, 600, 5.0, "time a breaker stays open before one probe call"),
     Setting("intent_threshold", float, 0, 1, 0.82, "intent-gate probability at or above which tools are called"),
     Setting("blocking_io_ms", float, 0, 1000, 0.0,
             "fault: ms of blocking write+fsync+clock_nanosleep on the event-loop thread per request"),
@@ -48,6 +53,7 @@ TOOL_CALLS = Counter("gateway_tool_calls_total", "tool calls by outcome", ["tool
 TOOL_TIME = Histogram("gateway_tool_duration_seconds", "tool call time seen by the gateway", ["tool"], buckets=BUCKETS)
 BREAKER_OPEN = Gauge("gateway_breaker_open", "1 while the tool's circuit breaker is open", ["tool"])
 RATE_LIMITED = Counter("gateway_rate_limited_total", "queries refused by the rate limit")
+CONCURRENCY_LIMITED = Counter("gateway_concurrency_limited_total", "queries refused by the concurrency limit")
 TRACES = Counter("gateway_traces_total", "queries by whether their trace was sampled", ["sampled"])
 INFLIGHT = Gauge("gateway_inflight_requests", "queries being answered now")
 
@@ -65,7 +71,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parallel-tools", type=int, default=8, help="most tool calls in flight per query")
     parser.add_argument("--tool-timeout-s", type=float, default=2.0)
     parser.add_argument("--llm-timeout-s", type=float, default=30.0)
-    parser.add_argument("--breaker-cooldown-s", type=float, default=5.0, help="time a breaker stays open")
     parser.add_argument("--cache-ttl-s", type=int, default=300, help="Redis TTL of a cached tool result")
 
 
@@ -87,9 +92,10 @@ class Gateway:
         self.lru = LRUCache(500)
         self.redis = RedisCache(args.redis_url, ttl_s=args.cache_ttl_s)
         self.vectors = VectorCache(0.91)
-        self.breakers = {name: Breaker(cooldown_s=args.breaker_cooldown_s) for name in self.tools}
+        self.breakers = {name: Breaker() for name in self.tools}
         self.bucket = TokenBucket()
         self.tracer = TraceSampler(args.run_dir / f"gateway-{args.port}-traces.jsonl")
+        self.inflight = 0
         self.scratch = args.run_dir / f"gateway-{args.port}.blocking"
         self.http: aiohttp.ClientSession | None = None
         self.tls: aiohttp.ClientSession | None = None
@@ -112,7 +118,7 @@ class Gateway:
 
     async def call_tool(self, tool: str, args: dict) -> tuple[str, object]:
         breaker, now = self.breakers[tool], time.monotonic()
-        if not breaker.allow(now):
+        if not breaker.allow(now, self.settings["breaker_open_s"]):
             TOOL_CALLS.labels(tool, "rejected").inc()
             return "rejected", None
         outcome, result = "ok", None
@@ -129,7 +135,8 @@ class Gateway:
         except (aiohttp.ClientError, ValueError, KeyError):
             outcome = "error"
         ended = time.monotonic()
-        breaker.record(outcome != "ok", ended, self.settings["breaker_failure_threshold"])
+        breaker.record(outcome != "ok", ended, self.settings["breaker_failure_threshold"],
+                       self.settings["breaker_consecutive_failures"])
         BREAKER_OPEN.labels(tool).set(1 if breaker.is_open else 0)
         TOOL_CALLS.labels(tool, outcome).inc()
         TOOL_TIME.labels(tool).observe(ended - now)
@@ -200,6 +207,11 @@ class Gateway:
             RATE_LIMITED.inc()
             REQUEST.labels("rejected").observe(time.monotonic() - started)
             return json_error(429, f"rate limited at {self.settings['rate_limit_rps']} queries/s")
+        limit = self.settings["concurrency_limit"]
+        if limit and self.inflight >= limit:
+            CONCURRENCY_LIMITED.inc()
+            REQUEST.labels("rejected").observe(time.monotonic() - started)
+            return json_error(429, f"concurrency limit: {limit} queries already in flight")
         try:
             body = await request.json()
             query = body["query"].strip()
@@ -208,26 +220,39 @@ class Gateway:
         except (ValueError, KeyError, TypeError, AttributeError):
             return json_error(400, 'the body must be JSON {"query": "<non-empty text>"}')
         trace_id = self.tracer.sample(self.settings["trace_sample_rate"])
-        TRACES.labels("true" if trace_id else "false").inc()
         spans: dict[str, float] = {}
         INFLIGHT.inc()
+        self.inflight += 1
         try:
             out = await self.answer(query, spans)
         except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError, KeyError, ValueError) as e:
-            REQUEST.labels("error").observe(time.monotonic() - started)
+            elapsed = time.monotonic() - started
+            REQUEST.labels("error").observe(elapsed)
+            self.keep_trace(trace_id or self.tracer.new_id(), {"query": query, "outcome": "error",
+                                                               "duration_s": elapsed, "stages": spans})
             return json_error(502, f"the LLM call failed: {type(e).__name__}: {e}")
         finally:
             INFLIGHT.dec()
+            self.inflight -= 1
         for stage, seconds in spans.items():
             STAGE.labels(stage).observe(seconds)
         outcome = "degraded" if out["degraded"] else "ok"
         elapsed = time.monotonic() - started
         REQUEST.labels(outcome).observe(elapsed)
+        slow = self.settings["trace_keep_slower_than_s"]
+        if trace_id is None and slow and elapsed > slow:
+            trace_id = self.tracer.new_id()
         if trace_id:
             out["trace_id"] = trace_id
-            self.tracer.export(trace_id, {"query": query, "outcome": outcome, "duration_s": elapsed,
-                                          "stages": spans, "tools": out["tools"]})
+            self.keep_trace(trace_id, {"query": query, "outcome": outcome, "duration_s": elapsed,
+                                       "stages": spans, "tools": out["tools"]})
+        else:
+            TRACES.labels("false").inc()
         return web.json_response(out)
+
+    def keep_trace(self, trace_id: str, spans: dict) -> None:
+        TRACES.labels("true").inc()
+        self.tracer.export(trace_id, spans)
 
     async def flush(self, request: web.Request) -> web.Response:
         try:

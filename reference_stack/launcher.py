@@ -39,7 +39,7 @@ class StackConfig:
     # Initial settings per service name (gateway, inference, sidecar, or a tool's name): {key: value}.
     settings: dict[str, dict[str, object]] = field(default_factory=dict)
     inference_args: list[str] = field(default_factory=list)    # e.g. ["--device", "cuda", "--layers", "6"]
-    gateway_args: list[str] = field(default_factory=list)      # e.g. ["--breaker-cooldown-s", "30"]
+    gateway_args: list[str] = field(default_factory=list)      # e.g. ["--parallel-tools", "4"]
     startup_timeout_s: float = 90.0
 
     @classmethod

@@ -15,8 +15,12 @@ class TraceSampler:
         self.rng = random.Random(seed)
 
     def sample(self, rate: float) -> str | None:
-        """A new trace id when this request is sampled at rate, else None."""
-        return uuid.uuid4().hex if self.rng.random() < rate else None
+        """A new trace id when this request is sampled at rate (head sampling), else None."""
+        return self.new_id() if self.rng.random() < rate else None
+
+    @staticmethod
+    def new_id() -> str:
+        return uuid.uuid4().hex
 
     def export(self, trace_id: str, spans: dict) -> None:
         mode = "w" if self.path.exists() and self.path.stat().st_size > self.max_bytes else "a"

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import time
+import urllib.request
 
 import redis
 
+from reference_stack import launcher
 from reference_stack.corpus import rewordings
+from reference_stack.tools import TOOLS
+from tests.stack.conftest import one_service
 
 
 def test_chitchat_skips_the_tools_and_the_caches(stack):
@@ -104,6 +108,59 @@ def test_rate_limit_refuses_with_429(stack):
     assert all("rate limited" in body["error"] for status, body in results if status == 429)
 
 
+def test_concurrency_limit_refuses_with_429_past_the_limit(stack):
+    limited_before = stack.metric("gateway", "gateway_concurrency_limited_total")
+    stack.patch("gateway", concurrency_limit=1)
+    try:
+        results = stack.concurrently(stack.query, ["hello"] * 8)
+    finally:
+        stack.patch("gateway", concurrency_limit=0)
+    codes = sorted(status for status, _ in results)
+    assert 200 in codes and 429 in codes, codes
+    assert stack.metric("gateway", "gateway_concurrency_limited_total") - limited_before == codes.count(429)
+    assert all("concurrency limit" in body["error"] for status, body in results if status == 429)
+
+
+def test_slow_requests_keep_their_trace_even_when_not_sampled(stack):
+    stack.patch("gateway", trace_sample_rate=0.0, trace_keep_slower_than_s=1e-6)
+    try:
+        slow = stack.query("good evening")[1]
+        stack.patch("gateway", trace_keep_slower_than_s=600)
+        fast = stack.query("good evening")[1]
+    finally:
+        stack.patch("gateway", trace_sample_rate=0.1, trace_keep_slower_than_s=0)
+    assert "trace_id" in slow and "trace_id" not in fast
+
+
+def test_concurrency_limit_refuses_with_429(stack):
+    limited_before = stack.metric("gateway", "gateway_concurrency_limited_total")
+    stack.patch("search", latency_ms=300, latency_sigma=0)
+    stack.patch("gateway", concurrency_limit=1)
+    try:
+        results = stack.concurrently(stack.query, [f"search for chess openings {i}" for i in range(6)])
+    finally:
+        stack.patch("gateway", concurrency_limit=0)
+        stack.patch("search", latency_ms=40, latency_sigma=0.3)
+    codes = sorted(status for status, _ in results)
+    assert 200 in codes and 429 in codes, codes
+    assert stack.metric("gateway", "gateway_concurrency_limited_total") - limited_before == codes.count(429)
+    assert all("concurrency limit: 1" in body["error"] for status, body in results if status == 429)
+
+
+def test_slow_traces_are_kept_whatever_the_sample_rate(stack):
+    stack.patch("search", latency_ms=200, latency_sigma=0)
+    stack.patch("gateway", trace_sample_rate=0.0, trace_keep_slower_than_s=0.1)
+    try:
+        slow = stack.query("search for jazz history and more")[1]
+        fast = stack.query("good evening")[1]
+    finally:
+        stack.patch("gateway", trace_sample_rate=0.1, trace_keep_slower_than_s=0.0)
+        stack.patch("search", latency_ms=40, latency_sigma=0.3)
+    assert "trace_id" in slow and "trace_id" not in fast, (slow, fast)
+    traces = next(stack.run_dir.glob("gateway-*-traces.jsonl")).read_text()
+    assert slow["trace_id"] in traces
+
+
 def test_trace_sampling_follows_its_setting(stack):
     stack.patch("gateway", trace_sample_rate=1.0)
     try:
@@ -155,3 +212,18 @@ def test_blocking_io_fault_writes_and_syncs_on_the_request_path(stack):
 def test_bad_query_is_refused_with_the_shape_expected(stack):
     status, body = stack.http("POST", stack.state["query_url"], {"q": "hello"})
     assert status == 400 and '{"query"' in body["error"]
+
+
+def test_a_dead_llm_is_a_502_error_not_a_hang(stack, tmp_path):
+    """A second gateway, beside the stack's, whose inference server is not there."""
+    gateway_port, dead_port = launcher.free_ports(2)
+    tools = [f for name, url in stack.urls.items() if name in TOOLS for f in ("--tool", f"{name}={url}")]
+    url = f"http://127.0.0.1:{gateway_port}"
+    with one_service(["gateway", "--port", str(gateway_port), "--run-dir", str(tmp_path),
+                      "--token-file", stack.state["token_file"], "--inference-url", f"http://127.0.0.1:{dead_port}",
+                      "--redis-url", f"redis://127.0.0.1:{stack.state['redis_port']}/0", *tools], url + "/healthz"):
+        status, body = stack.http("POST", url + "/query", {"query": "hello"})
+        assert status == 502 and "LLM call failed" in body["error"], body
+        metrics = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+        assert 'gateway_request_duration_seconds_count{outcome="error"} 1.0' in metrics
+        assert '"outcome": "error"' in next(tmp_path.glob("gateway-*-traces.jsonl")).read_text()   # always kept
