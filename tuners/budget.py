@@ -56,8 +56,8 @@ def _equal_decide(state, obs: Observation):
 
 # --- slotune: fewest deadline misses. Fit each hop's latency as lognormal from its P50 and
 # P99; the budgets b_i that minimise sum_i P(hop i > b_i) under sum_i b_i = SLO are where
-# every hop's density is equal (Lagrange), found by bisection. Smoothed from the current
-# weights; held while some hop has no data.
+# every hop's density is equal (Lagrange), found by bisection. The SLO split until every
+# hop has data, the fit at once on the first full window, smoothed after that.
 SMOOTH = 0.3
 Z99 = 2.326
 
@@ -96,20 +96,36 @@ def least_miss_weights(slo_s: float, fits: dict[str, tuple[float, float]]) -> di
     return _normalise(budgets(hi))
 
 
-def _slotune_decide(state: dict[str, float], obs: Observation):
+@dataclass(frozen=True)
+class LearnedWeights:
+    weights: dict[str, float]
+    learned: bool = False   # False: still on the SLO split
+
+
+def _slotune_init(settings):
+    return LearnedWeights(_init(settings))
+
+
+def _slotune_decide(state: LearnedWeights, obs: Observation):
     prior = _normalise(dict(obs.hop_slos_s))
     p50, p99 = dict(obs.hop_p50_s), dict(obs.hop_p99_s)
     fits = {hop: (p50[hop], max(p99[hop], p50[hop])) for hop in prior if p50.get(hop, 0) > 0 and p99.get(hop, 0) > 0}
     if len(fits) < len(prior):
-        return state, Decision({}, "not every hop has latency data: weights held")
-    now = least_miss_weights(obs.slo_s, fits)
-    blended = _normalise({hop: (1 - SMOOTH) * state.get(hop, prior[hop]) + SMOOTH * now[hop] for hop in prior})
-    return _push(state, blended, "fewest expected deadline misses, from per-hop lognormal fits")
+        if state.learned:
+            return state, Decision({}, "not every hop has latency data: weights held")
+        weights, why = prior, "no latency data yet: split by per-hop SLOs"
+    else:
+        now = least_miss_weights(obs.slo_s, fits)
+        weights = (_normalise({hop: (1 - SMOOTH) * state.weights.get(hop, prior[hop]) + SMOOTH * now[hop]
+                               for hop in prior}) if state.learned else now)
+        why = "fewest expected deadline misses, from per-hop lognormal fits"
+    nxt, decision = _push(state.weights, weights, why)
+    return LearnedWeights(nxt, state.learned or len(fits) == len(prior)), decision
 
 
 POLICIES = {
     "slotune": Policy("slotune", "budgets at equal latency density (fewest misses) from per-hop P50/P99 fits",
-                      _init, _slotune_decide),
+                      _slotune_init, _slotune_decide),
     "whitepaper": Policy("whitepaper", "weights proportional to per-hop SLO, normalised to 1", _init, _wp_decide),
     "equal": Policy("equal", "the same share for every hop", _init, _equal_decide),
 }

@@ -34,10 +34,15 @@ def test_least_miss_is_symmetric_and_favours_the_slow_hop():
     assert w["slow"] > 0.6 and math.isclose(sum(w.values()), 1.0)
 
 
-def test_slotune_holds_its_weights_until_every_hop_has_data():
+def test_slotune_starts_on_the_slo_split_then_jumps_to_the_fit():
     sl = P["slotune"]
     s, d = sl.decide(sl.initial_state(START), obs(p50=(("gateway", 0.03),), p99=(("gateway", 0.06),)))
-    assert d.changes == {} and s == {"gateway": 1 / 3, "tool": 1 / 3, "inference": 1 / 3}
+    assert math.isclose(d.changes["budget_weight.tool"], 0.3) and not s.learned
+    fits = (("gateway", 0.1), ("tool", 0.1), ("inference", 0.1))
+    s, d = sl.decide(s, obs(p50=fits, p99=tuple((h, 0.3) for h, _ in fits)))
+    assert s.learned and all(math.isclose(w, 1 / 3) for w in s.weights.values())
+    s, d = sl.decide(s, obs(p50=(("gateway", 0.03),), p99=(("gateway", 0.06),)))
+    assert d.changes == {}                                   # a hop without data: weights held
 
 
 def test_bad_inputs_are_named():
