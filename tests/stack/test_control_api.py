@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from reference_stack import launcher
+from tests.stack.conftest import one_service
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -110,27 +111,13 @@ def test_non_loopback_peers_get_403(stack, tmp_path):
     if address is None:
         pytest.skip("this host has no non-loopback IPv4 address to connect from")
     (port,) = launcher.free_ports(1)
-    proc = subprocess.Popen([sys.executable, "-m", "reference_stack", "tool", "--name", "calculator",
-                             "--host", "0.0.0.0", "--port", str(port), "--run-dir", str(tmp_path),
-                             "--token-file", stack.state["token_file"]], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                status, _ = stack.http("GET", f"http://{address}:{port}/healthz")
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None
-                time.sleep(0.2)
-        status, body = stack.http("GET", f"http://{address}:{port}/admin/config",
-                                  headers={"Authorization": f"Bearer {stack.token}"})
+    with one_service(["tool", "--name", "calculator", "--host", "0.0.0.0", "--port", str(port),
+                      "--run-dir", str(tmp_path), "--token-file", stack.state["token_file"]],
+                     f"http://127.0.0.1:{port}/healthz"):
+        auth = {"Authorization": f"Bearer {stack.token}"}
+        status, body = stack.http("GET", f"http://{address}:{port}/admin/config", headers=auth)
         assert status == 403 and address in body["error"]
-        assert stack.http("GET", f"http://127.0.0.1:{port}/admin/config",
-                          headers={"Authorization": f"Bearer {stack.token}"})[0] == 200
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        assert stack.http("GET", f"http://127.0.0.1:{port}/admin/config", headers=auth)[0] == 200
 
 
 def test_a_bad_initial_setting_stops_the_service_with_the_reason(tmp_path):

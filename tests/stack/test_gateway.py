@@ -148,8 +148,8 @@ def test_concurrency_limit_refuses_with_429(stack):
 
 
 def test_slow_traces_are_kept_whatever_the_sample_rate(stack):
-    stack.patch("search", latency_ms=200, latency_sigma=0)
-    stack.patch("gateway", trace_sample_rate=0.0, trace_keep_slower_than_s=0.1)
+    stack.patch("search", latency_ms=600, latency_sigma=0)
+    stack.patch("gateway", trace_sample_rate=0.0, trace_keep_slower_than_s=0.4)
     try:
         slow = stack.query("search for jazz history and more")[1]
         fast = stack.query("good evening")[1]
