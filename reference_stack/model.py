@@ -91,12 +91,13 @@ class Generator:
         torch.manual_seed(cfg.seed)
         self.cfg = cfg
         self.device = device
-        self.model = Decoder(cfg).to(device).eval()
-        for name, p in self.model.named_parameters():     # GPT-2's scheme; LayerNorms keep 1 and 0
+        model = Decoder(cfg)
+        for name, p in model.named_parameters():     # GPT-2's scheme; LayerNorms keep 1 and 0
             if p.dim() > 1:
                 nn.init.normal_(p, std=0.02 if "tok" not in name and "pos" not in name else 1.0)
             elif "ln" not in name:
                 nn.init.zeros_(p)
+        self.model = model.to(device).eval()         # drawn on the CPU: the same weights on every device
 
     def encode(self, prompt: str) -> list[int]:
         ids = list(prompt.encode("utf-8"))[-self.cfg.max_prompt_tokens:]
