@@ -21,6 +21,7 @@ class Baseline:
     std: float
     windows: int                      # how many windows the summary covers
     samples: tuple[float, ...] = ()   # raw observations from the period (for distribution tests)
+    mad: float = 0.0                  # median absolute deviation of the window values (0 = unknown)
 
 
 @dataclass(frozen=True)
@@ -133,13 +134,16 @@ def _ks_decide(state, obs: Observation):
     return state, (_alert if p < KS_ALPHA else _quiet)(f"KS p = {p:.2g}")
 
 
-# --- slotune: CUSUM on log(value / baseline) tuned for a 10 % shift (k = half of it, in
-# sigma) with the smallest h >= 2.5 whose in-control run length (Siegmund) is >= 2000 windows,
-# plus a one-window alarm at 5 sigma for large jumps. The spread is the baseline's,
-# inflated for a short baseline and floored at 1 % so that a suspiciously quiet week
-# cannot make every later wobble an alarm.
+# --- slotune: two CUSUMs on z = log(value / baseline) / sigma, each with the smallest h
+# (>= 2.5, so no single window fires it) whose in-control run length (Siegmund) is >= 10000
+# windows: a fast one tuned for a 10 % step (k = half of it), fed z clipped so that one
+# window alone cannot fire it, and a slow one (k = 0.5) for creeping drift, fed z clipped
+# at +-3 so that one outlier window cannot carry it. One-window
+# alarm for large jumps at 4 sigma, raised towards 6 when the baseline's std is inflated
+# over its robust (MAD) spread, i.e. when its windows are heavy-tailed. sigma is the
+# baseline's, inflated for a short baseline and floored at 1 %.
 SHIFT = math.log(1.10)
-ARL0, JUMP, FLOOR, H_MIN = 2000.0, 5.0, 0.01, 2.5
+ARL0, FLOOR, H_MIN, CLIP = 10_000.0, 0.01, 2.5, 3.0
 
 
 def siegmund_arl0(k: float, h: float) -> float:
@@ -149,32 +153,49 @@ def siegmund_arl0(k: float, h: float) -> float:
 
 
 def cusum_h(k: float, arl0: float = ARL0) -> float:
-    h = H_MIN  # never let one window fire it: a single outlier window is no drift
+    h = H_MIN
     while siegmund_arl0(k, h) < arl0:
         h += 0.25
     return h
 
 
+def jump_limit(b: Baseline) -> float:
+    """4 sigma for a Gaussian-looking baseline; up to 6 when std exceeds the MAD spread."""
+    if b.mad <= 0 or b.std <= 0:
+        return 5.0
+    return min(6.0, max(4.0, 4.0 * b.std / (1.4826 * b.mad)))
+
+
+@dataclass(frozen=True)
+class TwoCusums:
+    fast: Cusum = Cusum()
+    slow: Cusum = Cusum()
+
+
 def _slotune_init(settings):
-    return Cusum()
+    return TwoCusums()
 
 
-def _slotune_decide(state: Cusum, obs: Observation):
+def _slotune_decide(state: TwoCusums, obs: Observation):
     if not _ready(obs) or obs.value <= 0:
         return state, _quiet("no baseline yet")
     b = obs.baseline
     sigma = max(b.std / b.mean, FLOOR) * math.sqrt(1 + 1 / b.windows)
     z = math.log(obs.value / b.mean) / sigma
+    if abs(z) > jump_limit(b):
+        return TwoCusums(), _alert(f"{obs.value / b.mean - 1:+.1%} in one window ({z:+.1f} sigma)")
     k = max(0.5, SHIFT / (2 * sigma))
     h = cusum_h(k)
-    nxt, fired = cusum_step(state, z, k, h)
-    if abs(z) > JUMP:
-        return Cusum(), _alert(f"{obs.value / b.mean - 1:+.1%} in one window ({z:+.1f} sigma)")
-    return nxt, (_alert if fired else _quiet)(f"CUSUM up {nxt.up:.2f} down {nxt.down:.2f} (k {k:.2f}, h {h:.2f})")
+    fast_z = max(-k - 0.99 * h, min(k + 0.99 * h, z))   # it takes two windows to fire it
+    fast, fired_fast = cusum_step(state.fast, fast_z, k, h)
+    slow, fired_slow = cusum_step(state.slow, max(-CLIP, min(CLIP, z)), 0.5, cusum_h(0.5))
+    if fired_fast or fired_slow:
+        return TwoCusums(), _alert(f"{'step' if fired_fast else 'creeping'} drift: {obs.value / b.mean - 1:+.1%}")
+    return TwoCusums(fast, slow), _quiet(f"CUSUM fast {max(fast.up, fast.down):.2f}, slow {max(slow.up, slow.down):.2f}")
 
 
 POLICIES = {
-    "slotune": Policy("slotune", "CUSUM on log ratio tuned for 10 %, h for ARL0 2000 windows, + 5 sigma jump",
+    "slotune": Policy("slotune", "fast (10 %) and slow CUSUMs on log ratio, ARL0 10000 windows each, + MAD-guarded jump",
                       _slotune_init, _slotune_decide),
     "whitepaper": Policy("whitepaper", "alert when > 8 % off the 7-day baseline", _none, _wp_decide),
     "zscore": Policy("zscore", "|value - weekly mean| > 3 weekly std", _none, _z_decide),

@@ -63,14 +63,23 @@ def test_siegmund_matches_the_textbook_run_length():
     # one-sided ARL0 for k = 0.5, h = 5 is about 938 windows (Siegmund); two-sided half of it
     assert abs(2 * drift.siegmund_arl0(0.5, 5.0) - 938) < 2
     h = drift.cusum_h(0.5)
-    assert drift.siegmund_arl0(0.5, h) >= 2000 > drift.siegmund_arl0(0.5, h - 0.25)
+    assert drift.siegmund_arl0(0.5, h) >= drift.ARL0 > drift.siegmund_arl0(0.5, h - 0.25)
 
 
 def test_slotune_ignores_one_outlier_window_but_not_a_sustained_shift():
-    # sigma 2 %: k = log(1.1) / 2 / 0.02 = 2.38, h = 2.5
+    # sigma 2 %: k = log(1.1) / 2 / 0.02 = 2.38, h = 2.5; no MAD given: jump limit 5 sigma
     assert alerts("slotune", [1.09, 1.0, 1.0, 1.0]) == [False] * 4
     assert alerts("slotune", [1.10, 1.10]) == [False, True]
-    assert alerts("slotune", [1.12]) == [True]                           # > 5 sigma in one window
+    assert alerts("slotune", [1.12]) == [True]                           # 5.6 sigma in one window
+    assert alerts("slotune", [1.02] * 40).index(True) > 10                # creeping: the slow CUSUM
+
+
+def test_jump_limit_rises_for_heavy_tailed_baselines():
+    gaussian = drift.Baseline(1.0, 0.02, 168, mad=0.02 / 1.4826)
+    heavy = drift.Baseline(1.0, 0.02, 168, mad=0.01 / 1.4826)
+    assert drift.jump_limit(gaussian) == 4.0
+    assert drift.jump_limit(heavy) == 6.0
+    assert drift.jump_limit(BASE) == 5.0
 
 
 def test_policies_are_pure():
