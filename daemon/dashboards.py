@@ -409,7 +409,8 @@ def fleet() -> dict:
                                              "[$__rate_interval]))", "{{instance}}")], "reqps"))
     b.add(timeseries("Rollbacks per host", [(
         f'sum by (instance) (increase(slotune_tuner_decisions_total{{{INST}, outcome=~"rolled_back|rollback_failed"}}'
-        "[1h]))", "{{instance}}")], "short", "Pushes undone because they made the SLO worse, last hour."), w=8)
+        f"[1h])) or count by (instance) (slotune_collector_up{{{INST}}}) * 0", "{{instance}}")], "short",
+        "Pushes undone (or failed to undo) because they made the SLO worse, last hour; 0 on hosts with none."), w=8)
     b.add(timeseries("Collectors down per host", [(
         f"count by (instance) (slotune_collector_up{{{INST}}} == 0) or count by (instance) (slotune_collector_up{{{INST}}}) * 0",
         "{{instance}}")], "short", "Collectors that are not running (nvml is down on hosts without a GPU)."), w=8)
