@@ -272,6 +272,8 @@ def tuners() -> dict:
     b.add(timeseries("Throughput and refusals (throttle)", [
         (rate_sum("slotune_service_requests_total", "service"), "{{service}} answered"),
         (f"sum by (job) (rate(gateway_rate_limited_total{{{INST}}}[$__rate_interval]))", "gateway rate-limited"),
+        (f"sum by (job) (rate(gateway_concurrency_limited_total{{{INST}}}[$__rate_interval]))",
+         "gateway over the concurrency limit"),
         (f"sum by (job) (gateway_inflight_requests{{{INST}}})", "gateway in flight")], "reqps"), w=8)
     b.add(timeseries("Batching (batch)", [
         *quantiles("job:inference_queue_wait_seconds:histogram_quantile", INST, "queue wait"),
