@@ -82,8 +82,8 @@ def _wp_decide(state: WhitepaperState, obs: Observation):
 # --- slotune: open on the ratio at 50 % (past that, a refused call costs less than a sent one),
 # or on K failures in a row where K makes a healthy run of K failures a one-in-a-thousand-hours
 # event given the Wilson upper bound of the tool's healthy failure rate; probe after 1 s,
-# doubling up to 8 s while probes keep failing (5 probes cost little next to a recovered
-# tool left unused), back to 1 s once it closes.
+# doubling while probes keep failing up to the period that balances failed probes against
+# a recovered tool left unused (longest_open_s), back to 1 s once it closes.
 @dataclass(frozen=True)
 class SlotuneState:
     breaker: BreakerState
@@ -107,7 +107,13 @@ def run_length(p_fail: float, calls_per_s: float, hours: float = 1000.0) -> int:
     return max(3, math.ceil(math.log(1.0 / starts) / math.log(max(p_fail, 1e-9))))
 
 
-MAX_OPEN_S = 8.0
+OUTAGE_S = 60.0  # the outage length the probe period is planned for
+
+
+def longest_open_s(calls_per_s: float) -> float:
+    """Probe period that balances failed probes (one per period while the tool is down) against
+    calls refused after it recovers (half a period of traffic): sqrt(2 * outage / rate)."""
+    return min(60.0, max(1.0, math.sqrt(2 * OUTAGE_S / max(calls_per_s, 1e-3))))
 
 
 def _slotune_init(settings):
@@ -122,7 +128,7 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
     k = run_length(wilson_upper(fails, calls), rate) if calls >= 100 else 8
     open_s = state.breaker.open_s
     if obs.breaker_open and state.was_open and obs.failures > 0:
-        open_s = min(MAX_OPEN_S, open_s * 2)      # a half-open probe failed: it opened again
+        open_s = min(longest_open_s(rate), open_s * 2)   # a half-open probe failed: it opened again
     elif not obs.breaker_open or not state.was_open:
         open_s = 1.0                        # closed, or just opened: back to the base
     new = BreakerState(0.5, float(min(k, 50)), open_s)
@@ -131,7 +137,7 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
 
 
 POLICIES = {
-    "slotune": Policy("slotune", "50 % or a statistically rare failure run; probe after 1 s, doubling to 8 s",
+    "slotune": Policy("slotune", "50 % or a statistically rare failure run; probe after 1 s, doubling to sqrt(2*60 s/rate)",
                       _slotune_init, _slotune_decide),
     "whitepaper": Policy("whitepaper", "max(0.3 %, 0.8 x 5 min failure rate) after 3 samples > 0.25 %",
                          _wp_init, _wp_decide),

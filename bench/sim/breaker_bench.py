@@ -1,7 +1,7 @@
 """Breaker scenarios: a tool called at an open-loop rate whose failure probability changes
 over time, behind a breaker with the usual mechanics (opens on the failure ratio of the last
 10 s with at least 10 calls, or on a run of consecutive failures; stays open `open_s`; then
-5 probe calls, all must succeed to close). Lost calls = failed calls sent + refused calls that
+5 probe calls, all must succeed to close; the first failure reopens it). Lost calls = failed calls sent + refused calls that
 would have succeeded: what the tool's callers lose."""
 from __future__ import annotations
 
@@ -19,11 +19,12 @@ START = {"breaker_failure_threshold": 0.5, "breaker_consecutive_failures": 0.0, 
 WINDOW_S, MIN_CALLS, PROBES = 10, 10, 5
 
 
-def failure_profile(scenario: str, duration: int) -> tuple[np.ndarray, float]:
-    """Failure probability per second and calls/s."""
+def failure_profile(scenario: str, duration: int, rng) -> tuple[np.ndarray, float]:
+    """Failure probability per second and calls/s. Outages last 60-120 s, drawn per seed, so
+    that no fixed open period happens to line up with their end."""
     t = np.arange(duration)
     p = np.full(duration, 0.001)
-    mid = (t >= duration // 3) & (t < duration // 3 + 90)
+    mid = (t >= duration // 3) & (t < duration // 3 + int(rng.integers(60, 121)))
     rate = 20.0
     if scenario in ("outage", "low_traffic"):
         p[mid] = 1.0
@@ -61,7 +62,7 @@ def _trip_index(fails: np.ndarray, prior_calls: int, prior_fails: int, streak: i
 def run_one(policy_name: str, scenario: str, seed: int, quick: bool) -> dict[str, float]:
     duration = 200 if quick else 400
     rng = np.random.default_rng(seed)
-    p, rate = failure_profile(scenario, duration)
+    p, rate = failure_profile(scenario, duration, rng)
     policy = breaker.POLICIES[policy_name]
     state = policy.initial_state(START)
     settings = breaker.BreakerState(*(START[n] for n in breaker.NAMES))
@@ -75,6 +76,8 @@ def run_one(policy_name: str, scenario: str, seed: int, quick: bool) -> dict[str
         lo = max(0, sec - WINDOW_S + 1)
         if is_open and sec >= open_until:  # half-open: probe calls, across seconds, decide
             probes = fails[:PROBES - probed]
+            if probes.any():                  # the first failed probe reopens it at once
+                probes = probes[:int(np.argmax(probes)) + 1]
             sent[:probes.size] = True
             probed += probes.size
             if probes.any():

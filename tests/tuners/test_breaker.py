@@ -48,13 +48,18 @@ def test_run_length_is_rare_for_a_healthy_tool():
     assert breaker.run_length(1e-6, 20.0) == 3
 
 
+def test_probe_period_balances_failed_probes_against_idle_recovery():
+    assert math.isclose(breaker.longest_open_s(20.0), math.sqrt(6.0))
+    assert breaker.longest_open_s(0.0) == 60.0 and breaker.longest_open_s(1e6) == 1.0
+
+
 def test_slotune_backs_off_while_probes_fail_and_resets_on_close():
     sl = P["slotune"]
     s, d = sl.decide(sl.initial_state(START), obs(calls=20, failures=20, is_open=True))  # trips
     assert s.breaker.open_s == 1.0 and s.breaker.threshold == 0.5
-    for expected in (2.0, 4.0, 8.0, 8.0):
+    for expected in (2.0, 4.0, 8.0, math.sqrt(120), math.sqrt(120)):                # 1 call/s: cap sqrt(2*60/1)
         s, d = sl.decide(s, obs(calls=1, failures=1, is_open=True))                    # probe failed
-        assert s.breaker.open_s == expected
+        assert math.isclose(s.breaker.open_s, expected)
     s, d = sl.decide(s, obs(calls=5, failures=0, is_open=False))
     assert d.changes["breaker_open_s"] == 1.0
 
