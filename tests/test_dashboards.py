@@ -193,6 +193,7 @@ def test_dashboard_provisioning_follows_grafanas_format():
 
 class GrafanaStandIn(BaseHTTPRequestHandler):
     token = "glsa_test_token"
+    sub_path = ""            # Grafana served under a sub-path (root_url .../grafana/)
     folders: dict
     requests: list
 
@@ -210,7 +211,8 @@ class GrafanaStandIn(BaseHTTPRequestHandler):
     def _record(self) -> dict | None:
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length)) if length else None
-        self.requests.append({"method": self.command, "path": self.path, "body": body,
+        raw, self.path = self.path, self.path.removeprefix(self.sub_path)
+        self.requests.append({"method": self.command, "path": self.path, "raw_path": raw, "body": body,
                               "auth": self.headers.get("Authorization")})
         return body
 
@@ -242,7 +244,7 @@ class GrafanaStandIn(BaseHTTPRequestHandler):
                 self._answer(400, {"message": "folder not found"})
                 return
             uid = body["dashboard"]["uid"]
-            self._answer(200, {"status": "success", "uid": uid, "url": f"/d/{uid}/x", "version": 1})
+            self._answer(200, {"status": "success", "uid": uid, "url": f"{self.sub_path}/d/{uid}/x", "version": 1})
         else:
             self._answer(404, {"message": "not found"})
 
@@ -286,6 +288,16 @@ def test_push_into_an_existing_folder_does_not_create_it(grafana, tmp_path):
     assert out.returncode == 0, out.stderr
     assert not [r for r in handler.requests if r["path"] == "/api/folders"]
     assert len([r for r in handler.requests if r["path"] == "/api/dashboards/db"]) == len(MODELS)
+
+
+def test_push_to_grafana_under_a_sub_path(grafana):
+    handler, url = grafana
+    handler.sub_path = "/grafana"
+    out = run_slotune("dashboards", "push", "--url", url + "/grafana", "--token", handler.token, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert all(r["raw_path"].startswith("/grafana/api/") for r in handler.requests)
+    assert len([r for r in handler.requests if r["path"] == "/api/dashboards/db"]) == len(MODELS)
+    assert f"{url}/grafana/d/slotune-kernel/x" in out.stdout
 
 
 def test_push_with_a_wrong_token_says_so(grafana):

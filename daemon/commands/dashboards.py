@@ -77,6 +77,7 @@ def push(args) -> int:
     from niquests.exceptions import RequestException
 
     url = grafana_url(args.url)
+    origin = "{0.scheme}://{0.netloc}".format(urlparse(url))
     api = GrafanaApi.from_url(url, credential=token(args), timeout=args.timeout)
     try:
         ensure_folder(api, args.folder)
@@ -84,7 +85,8 @@ def push(args) -> int:
             answer = api.dashboard.update_dashboard({
                 "dashboard": {**model, "id": None}, "folderUid": dashboards.FOLDER_UID, "overwrite": True,
                 "message": "slotune dashboards push"})
-            print(f"{model['title']:<28} {url.rstrip('/')}{answer.get('url', '/d/' + uid)}")
+            # Grafana answers the dashboard's path from the server root, sub-path included.
+            print(f"{model['title']:<28} {origin}{answer.get('url', '/d/' + uid)}")
     except GrafanaUnauthorizedError:
         print(f"slotune dashboards push: Grafana at {url} refused the token (401); use a service-account "
               "token with the Editor role", file=sys.stderr)
