@@ -45,19 +45,24 @@ async def closed_loop(url: str, clients: int, duration_s: float, seed: int) -> l
     return latencies
 
 
+def batches(client) -> tuple[float, float]:
+    """(batches run, requests in them) so far, from the inference server's histogram."""
+    return (client.metric("inference", "inference_batch_size_count"),
+            client.metric("inference", "inference_batch_size_sum"))
+
+
 def mean_batch(client, before: tuple[float, float]) -> float:
-    count = client.metric("inference", "inference_batch_size_count") - before[0]
-    total = client.metric("inference", "inference_batch_size_sum") - before[1]
+    count, total = (now - then for now, then in zip(batches(client), before))
     return total / count if count else float("nan")
 
 
 def measure(client, url: str, batch: int, args, seed: int) -> dict:
     client.patch("inference", max_batch_size=batch)
+    before = batches(client)
     latencies = asyncio.run(closed_loop(url, args.clients, args.seconds, seed))
-    out = {"capacity": len(latencies) / args.seconds,
+    out = {"capacity": len(latencies) / args.seconds, "sat_batch": mean_batch(client, before),
            "sat_p50": float(np.quantile(latencies, 0.5)), "sat_p99": float(np.quantile(latencies, 0.99))}
-    before = (client.metric("inference", "inference_batch_size_count"),
-              client.metric("inference", "inference_batch_size_sum"))
+    before = batches(client)
     summary = summarize(run_load(url, args.rate, args.seconds, seed=seed), args.seconds)
     out.update(p50=summary["p50_s"], p99=summary["p99_s"], errors=summary["errors"], batch=mean_batch(client, before))
     return out
@@ -96,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
           f"median of {args.rounds} alternating rounds of {args.seconds:g} s")
     rows = [("capacity, req/s", "capacity", 1), (f"  P50 ms at {args.clients} clients", "sat_p50", 1e3),
             (f"  P99 ms at {args.clients} clients", "sat_p99", 1e3),
+            ("  mean batch size", "sat_batch", 1),
             (f"open loop {args.rate:g} req/s: P50 ms", "p50", 1e3), ("  P99 ms", "p99", 1e3),
             ("  mean batch size", "batch", 1), ("  errors", "errors", 1)]
     print(f"{'max_batch_size':<34}" + "".join(f"{b:>9}" for b in sizes))
