@@ -24,6 +24,11 @@ struct count_key {
 };
 
 BPF_HASH(watched, u32, u32, 65536);               /* task id (tid) -> service id */
+/* A cheap first test on every hot path: an array slot per tid (modulo) that is set
+ * when some task hashing there may be watched. Array lookups are inlined by the
+ * JIT, so unwatched tasks, the vast majority, skip the hash lookup. */
+#define HINT_SLOTS 65536
+BPF_ARRAY(watched_hint, u32, HINT_SLOTS);
 BPF_HASH(hists, struct hist_key, u64, 32768);     /* bucket counts */
 BPF_HASH(sums, struct count_key, u64, 4096);      /* exact histogram sums, ns */
 BPF_HASH(counts, struct count_key, u64, 4096);    /* counters (events, bytes) */
@@ -53,8 +58,17 @@ static __always_inline u32 slot_of(u64 v)
     return slot > SLOTS - 1 ? SLOTS - 1 : slot;
 }
 
+static __always_inline int maybe_watched(u32 tid)
+{
+    u32 slot = tid & (HINT_SLOTS - 1);
+    u32 *hint = watched_hint.lookup(&slot);
+    return hint && *hint;
+}
+
 static __always_inline u32 *service_of_task(u32 tid)
 {
+    if (!maybe_watched(tid))
+        return 0;
     return watched.lookup(&tid);
 }
 

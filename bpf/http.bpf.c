@@ -22,8 +22,7 @@ static __always_inline int http_accepted(long fd)
 {
     if (fd < 0)
         return 0;
-    u32 tid = current_tid();
-    u32 *service = watched.lookup(&tid);
+    u32 *service = service_of_task(current_tid());
     if (!service)
         return 0;
     struct http_conn_key k = {.tgid = current_tgid(), .fd = (u32)fd};
@@ -34,6 +33,8 @@ static __always_inline int http_accepted(long fd)
 
 static __always_inline int http_read_enter(u64 fd)
 {
+    if (!maybe_watched(current_tid()))
+        return 0;
     struct http_conn_key k = {.tgid = current_tgid(), .fd = (u32)fd};
     if (!http_conns.lookup(&k))
         return 0;
@@ -45,6 +46,8 @@ static __always_inline int http_read_enter(u64 fd)
 static __always_inline int http_read_exit(long ret)
 {
     u32 tid = current_tid();
+    if (!maybe_watched(tid))
+        return 0;
     u32 *fd = http_reading.lookup(&tid);
     if (!fd)
         return 0;
@@ -60,6 +63,8 @@ static __always_inline int http_read_exit(long ret)
 
 static __always_inline int http_write_enter(u64 fd)
 {
+    if (!maybe_watched(current_tid()))
+        return 0;
     struct http_conn_key k = {.tgid = current_tgid(), .fd = (u32)fd};
     struct http_conn *c = http_conns.lookup(&k);
     if (!c || c->request_at == 0)
@@ -89,6 +94,8 @@ int on_sendfile_enter(struct tracepoint__syscalls__sys_enter_sendfile64 *args) {
 
 int on_close_enter(struct tracepoint__syscalls__sys_enter_close *args)
 {
+    if (!maybe_watched(current_tid()))
+        return 0;
     struct http_conn_key k = {.tgid = current_tgid(), .fd = (u32)args->fd};
     http_conns.delete(&k);
     return 0;

@@ -47,7 +47,7 @@ static __always_inline u32 syscall_class(long nr)
 int on_sys_enter(struct tracepoint__raw_syscalls__sys_enter *args)
 {
     u32 tid = current_tid();
-    if (!watched.lookup(&tid))
+    if (!service_of_task(tid))
         return 0;
     struct syscall_entered e = {.at = bpf_ktime_get_ns(), .class_id = syscall_class(args->id)};
     syscall_since.update(&tid, &e);
@@ -57,13 +57,15 @@ int on_sys_enter(struct tracepoint__raw_syscalls__sys_enter *args)
 int on_sys_exit(struct tracepoint__raw_syscalls__sys_exit *args)
 {
     u32 tid = current_tid();
+    if (!maybe_watched(tid))
+        return 0;
     struct syscall_entered *e = syscall_since.lookup(&tid);
     if (!e)
         return 0;
     u64 took = bpf_ktime_get_ns() - e->at;
     u32 class_id = e->class_id;
     syscall_since.delete(&tid);
-    u32 *service = watched.lookup(&tid);
+    u32 *service = service_of_task(tid);
     if (service)
         hist_add(*service, SIG_OFFCPU, class_id, took);
     return 0;

@@ -6,7 +6,7 @@ BPF_TABLE("lru_hash", u32, u64, runqueue_since, 16384);   /* tid -> enqueued at,
 
 static __always_inline int runqueue_enqueue(u32 tid)
 {
-    if (!watched.lookup(&tid))
+    if (!service_of_task(tid))
         return 0;
     u64 now = bpf_ktime_get_ns();
     runqueue_since.update(&tid, &now);
@@ -29,12 +29,14 @@ int on_sched_switch(struct tracepoint__sched__sched_switch *args)
     if ((args->prev_state & 0xff) == 0)
         runqueue_enqueue(args->prev_pid);
     u32 next = args->next_pid;
+    if (!maybe_watched(next))
+        return 0;
     u64 *since = runqueue_since.lookup(&next);
     if (!since)
         return 0;
     u64 waited = bpf_ktime_get_ns() - *since;
     runqueue_since.delete(&next);
-    u32 *service = watched.lookup(&next);
+    u32 *service = service_of_task(next);
     if (service)
         hist_add(*service, SIG_RUNQUEUE_WAIT, 0, waited);
     return 0;

@@ -1,23 +1,26 @@
 /* Keeps the watched-task map current between user-space rescans: a task forked
- * (process or thread) by a watched task joins its service; an exiting task leaves.
+ * (process or thread) by a watched task joins its service; an exiting task leaves. (Hint slots are
+ * cleared by user space, which knows which tids still share them.)
  * User space (daemon/targeting.py) seeds the map with the threads of every
  * matched process and adds new matches each interval. */
 
 int on_process_fork(struct tracepoint__sched__sched_process_fork *args)
 {
-    u32 parent = args->parent_pid;
-    u32 *service = watched.lookup(&parent);
+    u32 *service = service_of_task(args->parent_pid);
     if (!service)
         return 0;
     u32 child = args->child_pid;
     u32 id = *service;
     watched.update(&child, &id);
+    u32 slot = child & (HINT_SLOTS - 1), one = 1;
+    watched_hint.update(&slot, &one);
     return 0;
 }
 
 int on_process_exit(struct tracepoint__sched__sched_process_exit *args)
 {
     u32 tid = args->pid;
-    watched.delete(&tid);
+    if (maybe_watched(tid))
+        watched.delete(&tid);
     return 0;
 }

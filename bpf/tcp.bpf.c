@@ -83,8 +83,7 @@ int on_tcp_state(struct tracepoint__sock__inet_sock_set_state *args)
     int from = args->oldstate, to = args->newstate;
 
     if (from == TCP_CLOSE && to == TCP_SYN_SENT) {          /* in the caller's connect() */
-        u32 tid = current_tid();
-        u32 *service = watched.lookup(&tid);
+        u32 *service = service_of_task(current_tid());
         if (!service)
             return 0;
         struct tcp_owner o = {.connect_at = bpf_ktime_get_ns(), .service = *service,

@@ -17,7 +17,7 @@ BPF_TABLE("lru_hash", u32, struct tls_call, tls_calls, 16384); /* tid -> read/wr
 int on_ssl_handshake(struct pt_regs *ctx)
 {
     u32 tid = current_tid();
-    if (!watched.lookup(&tid))
+    if (!service_of_task(tid))
         return 0;
     u64 ssl = PT_REGS_PARM1(ctx);
     u64 now = bpf_ktime_get_ns();
@@ -29,6 +29,8 @@ int on_ssl_handshake(struct pt_regs *ctx)
 int on_ssl_handshake_return(struct pt_regs *ctx)
 {
     u32 tid = current_tid();
+    if (!maybe_watched(tid))
+        return 0;
     u64 *ssl = tls_handshake_ssl.lookup(&tid);
     if (!ssl)
         return 0;
@@ -37,7 +39,7 @@ int on_ssl_handshake_return(struct pt_regs *ctx)
     if ((int)PT_REGS_RC(ctx) != 1)
         return 0;                   /* not done yet (WANT_READ/WRITE) or failed */
     u64 *since = tls_handshake_since.lookup(&key);
-    u32 *service = watched.lookup(&tid);
+    u32 *service = service_of_task(tid);
     if (since && service)
         hist_add(*service, SIG_TLS_HANDSHAKE, 0, bpf_ktime_get_ns() - *since);
     tls_handshake_since.delete(&key);
@@ -47,7 +49,7 @@ int on_ssl_handshake_return(struct pt_regs *ctx)
 static __always_inline int tls_enter(struct pt_regs *ctx, u32 direction, u64 out_len)
 {
     u32 tid = current_tid();
-    if (!watched.lookup(&tid))
+    if (!service_of_task(tid))
         return 0;
     struct tls_call call = {.ssl = PT_REGS_PARM1(ctx), .out_len = out_len, .direction = direction};
     tls_calls.update(&tid, &call);
@@ -57,6 +59,8 @@ static __always_inline int tls_enter(struct pt_regs *ctx, u32 direction, u64 out
 static __always_inline int tls_return(struct pt_regs *ctx)
 {
     u32 tid = current_tid();
+    if (!maybe_watched(tid))
+        return 0;
     struct tls_call *call = tls_calls.lookup(&tid);
     if (!call)
         return 0;
@@ -73,7 +77,7 @@ static __always_inline int tls_return(struct pt_regs *ctx)
             return 0;
         bytes = rc;
     }
-    u32 *service = watched.lookup(&tid);
+    u32 *service = service_of_task(tid);
     if (!service)
         return 0;
     count_add(*service, SIG_TLS_CALLS, c.direction, 1);

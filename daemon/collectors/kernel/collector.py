@@ -3,13 +3,14 @@ one BPF object, and each interval turns the kernel's cumulative maps into one
 Sample of deltas per service. close() detaches everything and is idempotent."""
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 
 from daemon.collectors.base import Sample
 from daemon.collectors.kernel.http import Http
 from daemon.collectors.kernel.offcpu import OffCpu
-from daemon.collectors.kernel.program import (SIGNAL_NAMES, U32, Family, Program, items)
+from daemon.collectors.kernel.program import HINT_SLOTS, SIGNAL_NAMES, U32, Family, Program, items
 from daemon.collectors.kernel.runqueue import RunQueue
 from daemon.collectors.kernel.tcp import Tcp
 from daemon.collectors.kernel.tls import Tls
@@ -42,6 +43,7 @@ class KernelCollector:
         self.service_ids: dict[str, int] = {}      # stable for the collector's life
         self.last: tuple[dict, dict, dict] = ({}, {}, {})
         self.start_error = ""
+        self.hinted: set[int] = set()             # watched_hint slots we set
 
     @property
     def up(self) -> bool:
@@ -89,6 +91,7 @@ class KernelCollector:
         for tid, sid in wanted.items():
             if present.get(tid) != sid:
                 watched[U32(tid)] = U32(sid)
+        kept = set(wanted)
         for tid, sid in present.items():
             # Tasks the kernel added at fork stay while they live and their service exists.
             if tid not in wanted and (sid not in active or not _alive(tid)):
@@ -96,8 +99,22 @@ class KernelCollector:
                     del watched[U32(tid)]
                 except KeyError:
                     pass
+            else:
+                kept.add(tid)
+        self._update_hints(kept)
         for family in self.families:
             family.refresh(self.program, self.targets, self.service_ids)
+
+    def _update_hints(self, tids: set[int]) -> None:
+        """Set the watched_hint slots of these tids, clear the ones no longer needed
+        (slots of tasks forked and gone between two scans stay set: harmless)."""
+        hint = self.program.table("watched_hint")
+        slots = {tid % HINT_SLOTS for tid in tids}
+        for slot in slots - self.hinted:
+            hint[ctypes.c_int(slot)] = U32(1)
+        for slot in self.hinted - slots:
+            hint[ctypes.c_int(slot)] = U32(0)
+        self.hinted = slots
 
     def collect(self, start: float, end: float) -> list[Sample]:
         if self.program is None:

@@ -24,6 +24,7 @@ SIGNAL_IDS = {
     "http_request": 11,
 }
 SIGNAL_NAMES = {v: k for k, v in SIGNAL_IDS.items()}
+HINT_SLOTS = 65536          # bpf/common.h: watched_hint slots, tid % HINT_SLOTS
 
 
 @dataclass(frozen=True)

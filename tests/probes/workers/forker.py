@@ -1,6 +1,8 @@
 """Test worker: on each stdin line starts a thread and forks a child (both block
-until stdin closes) and prints their task ids as "THREAD CHILD". argv: TAG."""
+until the worker dies) and prints their task ids as "THREAD CHILD". argv: TAG."""
+import ctypes
 import os
+import signal
 import sys
 import threading
 
@@ -12,6 +14,7 @@ for _ in sys.stdin:
     thread.start()
     child = os.fork()
     if child == 0:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG: go with the parent
         os.read(read_end, 1)
         os._exit(0)
     print(thread.native_id, child, flush=True)
