@@ -12,6 +12,9 @@ from . import launcher
 from .service import DEFAULT_RUN_DIR
 
 SERVICES = {"gateway": "gateway", "inference": "inference", "tool": "tools", "sidecar": "sidecar", "load": "loadgen"}
+HELP = {"gateway": "run the agent gateway in the foreground", "inference": "run the inference server in the foreground",
+        "tool": "run one tool server in the foreground", "sidecar": "run the TLS sidecar in the foreground",
+        "load": "drive the gateway with open-loop load and print P50/P95/P99"}
 EXAMPLES = """examples:
   python -m reference_stack up                       # whole stack on 8080/8100/8201-8203/8443, Redis on 6390
   python -m reference_stack load --rate 30 --duration 60 --profile step --csv /tmp/load.csv
@@ -67,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
     argv = sys.argv[1:] if argv is None else argv
     for name, module in SERVICES.items():
-        p = sub.add_parser(name, help="run the load generator" if name == "load" else f"run the {name} (foreground)")
+        p = sub.add_parser(name, help=HELP[name])
         if argv[:1] == [name]:            # import only the chosen one: torch is slow to import
             chosen = importlib.import_module(f".{module}", __package__)
             chosen.add_arguments(p)

@@ -17,6 +17,7 @@ import aiohttp
 import numpy as np
 
 from .corpus import QueryStream
+from .ports import port
 
 PROFILES = ("constant", "step", "ramp", "diurnal")
 ARRIVALS = ("poisson", "gamma")
@@ -149,7 +150,7 @@ def write_csv(records: list[Record], path: Path) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default="http://127.0.0.1:8080/query", help="the gateway's query endpoint")
+    parser.add_argument("--url", default=f"http://127.0.0.1:{port('gateway')}/query", help="the gateway's query endpoint")
     parser.add_argument("--rate", type=float, default=20.0, help="mean offered rate, queries/s")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds")
     parser.add_argument("--profile", choices=PROFILES, default="constant")
