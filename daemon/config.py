@@ -37,6 +37,7 @@ class Bounds:
     min: float
     max: float
     max_step: float
+    integer: bool = False    # pushed as a whole number (batch sizes, limits)
 
 
 @dataclass(frozen=True)
@@ -248,7 +249,7 @@ def _settings(file, r: _Reader) -> dict[str, Bounds]:
             raise ConfigError(file, s.key("min"), f"min {lo} is above max {hi}")
         if step <= 0:
             raise ConfigError(file, s.key("max_step"), "must be > 0")
-        out[name] = Bounds(lo, hi, step)
+        out[name] = Bounds(lo, hi, step, s.get("integer", bool, False))
         s.done()
     return out
 

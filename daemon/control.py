@@ -28,7 +28,8 @@ def guarded(value: float, old: float | None, bounds: Bounds) -> float:
     """The value actually pushed: within the largest step of the old value, then within bounds."""
     if old is not None and math.isfinite(old):
         value = min(max(value, old - bounds.max_step), old + bounds.max_step)
-    return min(max(value, bounds.min), bounds.max)
+    value = min(max(value, bounds.min), bounds.max)
+    return float(round(value)) if bounds.integer else value
 
 
 @dataclass
@@ -191,7 +192,8 @@ class ControlLoop:
         try:
             sc.actuator.push({setting: new})
         except ActuatorError as exc:
-            sc.reachable, sc.retry_at = False, now + sc.backoff_s
+            if exc.unreachable:
+                sc.reachable, sc.retry_at = False, now + sc.backoff_s
             return Entry(now, sc.conf.name, tconf.name, setting, old, new, reason + note, f"push failed: {exc}")
         sc.settings[setting] = new
         sc.last_change[setting] = now

@@ -48,6 +48,7 @@ def test_guard_limits_the_step_then_the_bounds():
     assert guarded(500.0, 50.0, b) == 60.0
     assert guarded(0.0, 5.0, b) == 1.0
     assert guarded(42.0, None, b) == 42.0
+    assert guarded(6.7, 2.0, Bounds(1.0, 100.0, 10.0, integer=True)) == 7.0
 
 
 def test_overload_pushes_the_whitepaper_decrease_within_the_largest_step(tmp_path):

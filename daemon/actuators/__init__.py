@@ -9,7 +9,11 @@ from daemon.config import Control
 
 
 class ActuatorError(RuntimeError):
-    pass
+    """unreachable: the surface did not answer (back off and retry); else it refused the change."""
+
+    def __init__(self, message: str, unreachable: bool = True):
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 class Actuator(Protocol):

@@ -32,7 +32,7 @@ class HttpJsonActuator:
                 return json.loads(resp.read() or b"{}")
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:200]
-            raise ActuatorError(f"{method} {self.url}: HTTP {exc.code} {detail}") from None
+            raise ActuatorError(f"{method} {self.url}: HTTP {exc.code} {detail}", unreachable=exc.code >= 500) from None
         except (OSError, ValueError) as exc:
             raise ActuatorError(f"{method} {self.url}: {exc}") from None
 

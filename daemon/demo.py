@@ -1,0 +1,209 @@
+"""`slotune demo`: the whole loop on one machine. Starts the reference stack and
+the daemon, drives a load step past capacity and back, shows the live status
+while it runs, and ends with an HTML report whose path it prints."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from daemon import report
+from daemon.commands.status import render
+from reference_stack import launcher, loadgen
+
+ROOT = Path(__file__).resolve().parents[1]
+GATEWAY_SLO_MS = 1500.0
+INFERENCE_SLO_MS = 1000.0
+
+
+@dataclass(frozen=True)
+class Phase:
+    label: str
+    rate: float
+    seconds: float
+
+
+def phases(capacity: float, scale: float = 1.0) -> list[Phase]:
+    """Half capacity, a step to 1.5x past it, and back."""
+    return [Phase("0.5x capacity", 0.5 * capacity, 30 * scale),
+            Phase("1.5x capacity", 1.5 * capacity, 90 * scale),
+            Phase("back to 0.5x", 0.5 * capacity, 45 * scale)]
+
+
+def daemon_config(state: dict, exporter_port: int, run_dir: Path) -> str:
+    ports, token = state["ports"], state["token_file"]
+    return f"""# written by `slotune demo` for the reference stack in {run_dir}
+[daemon]
+collect_interval_s = 1.0
+tune_interval_s = 5.0
+exporter_address = "127.0.0.1:{exporter_port}"
+baseline_store = "{run_dir}/baselines.sqlite"
+audit_log = "{run_dir}/audit.jsonl"
+environment = "demo"
+
+[services.gateway]
+cmdline = "reference_stack gateway"
+port = {ports['gateway']}
+slo_p99_ms = {GATEWAY_SLO_MS}
+metrics_url = "http://127.0.0.1:{ports['gateway']}/metrics"
+latency_metric = "gateway_request_duration_seconds"
+downstream = ["inference"]
+peers = {{ "{ports['inference']}" = "inference", "{ports['sidecar']}" = "sidecar" }}
+
+[services.gateway.control]
+kind = "reference"
+url = "http://127.0.0.1:{ports['gateway']}/admin/config"
+token_file = "{token}"
+
+[services.gateway.tuners.throttle]
+interval_s = 2.0
+[services.gateway.tuners.sampling]
+interval_s = 5.0
+budget_traces_per_s = 2.0
+[services.gateway.tuners.drift]
+interval_s = 30.0
+
+[services.gateway.settings.concurrency_limit]
+min = 2
+max = 256
+max_step = 16
+integer = true
+[services.gateway.settings.trace_sample_rate]
+min = 0.001
+max = 1.0
+max_step = 0.2
+[services.gateway.settings.trace_keep_slower_than_s]
+min = 0.0
+max = 60.0
+max_step = 5.0
+
+[services.inference]
+cmdline = "reference_stack inference"
+port = {ports['inference']}
+slo_p99_ms = {INFERENCE_SLO_MS}
+metrics_url = "http://127.0.0.1:{ports['inference']}/metrics"
+latency_metric = "inference_request_duration_seconds"
+
+[services.inference.control]
+kind = "reference"
+url = "http://127.0.0.1:{ports['inference']}/admin/config"
+token_file = "{token}"
+
+[services.inference.tuners.batch]
+interval_s = 5.0
+
+[services.inference.settings.max_batch_size]
+min = 1
+max = 64
+max_step = 8
+integer = true
+[services.inference.settings.max_queue_delay_ms]
+min = 0
+max = 50
+max_step = 10
+"""
+
+
+def fetch_status(url: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(url + "/status", timeout=2) as resp:
+            return json.loads(resp.read())
+    except OSError:
+        return None
+
+
+def start_daemon(config_path: Path, run_dir: Path, url: str, dry_run: bool) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "daemon.cli", "run", "--config", str(config_path)] + (["--dry-run"] if dry_run else [])
+    log = open(run_dir / "daemon.log", "ab")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while fetch_status(url) is None:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            tail = (run_dir / "daemon.log").read_text()[-2000:]
+            raise RuntimeError(f"the daemon did not come up; {run_dir / 'daemon.log'} ends:\n{tail}")
+        time.sleep(0.3)
+    return proc
+
+
+def drive(query_url: str, plan: list[Phase], out: list, marks: list):
+    """Run the phases back to back (open loop), recording each request and each phase start."""
+    for phase in plan:
+        marks.append((time.time(), phase.label))
+        start = time.time()
+        records = loadgen.run_load(query_url, phase.rate, phase.seconds, seed=len(marks))
+        out.append((phase, start, records))
+
+
+def phase_lines(results, slo_s: float) -> list[str]:
+    lines = []
+    for phase, _, records in results:
+        answered = np.array([r.latency_s for r in records if r.outcome in ("ok", "degraded")])
+        rejected = sum(r.outcome == "rejected" for r in records)
+        p99 = float(np.quantile(answered, 0.99)) if len(answered) else float("nan")
+        verdict = "under" if p99 <= slo_s else "OVER"
+        lines.append(f"{phase.label}: offered {phase.rate:.1f} req/s, answered {len(answered) / phase.seconds:.1f} req/s, "
+                     f"rejected {rejected}, client-side P99 {p99 * 1e3:.0f} ms ({verdict} the {slo_s * 1e3:.0f} ms SLO)")
+    return lines
+
+
+def run(run_dir: Path, capacity: float, scale: float, dry_run: bool, show_every_s: float = 10.0) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    gateway, inference, sidecar, sidecar_admin, redis_port, exporter, *tools = launcher.free_ports(9)
+    stack_cfg = launcher.StackConfig(
+        run_dir=run_dir / "stack", gateway_port=gateway, inference_port=inference, sidecar_port=sidecar,
+        sidecar_admin_port=sidecar_admin, redis_port=redis_port,
+        tool_ports=dict(zip(launcher.StackConfig().tool_ports, tools)),
+        settings={"gateway": {"concurrency_limit": 32}})
+    print(f"==> starting the reference stack in {stack_cfg.run_dir}", flush=True)
+    state = launcher.start(stack_cfg)
+    daemon = None
+    try:
+        config_path = run_dir / "slotune.toml"
+        config_path.write_text(daemon_config(state, exporter, run_dir))
+        url = f"http://127.0.0.1:{exporter}"
+        print(f"==> starting slotune ({'dry-run' if dry_run else 'closed loop'}), config {config_path}", flush=True)
+        daemon = start_daemon(config_path, run_dir, url, dry_run)
+        plan = phases(capacity, scale)
+        print("==> load: " + ", then ".join(f"{p.rate:.0f} req/s for {p.seconds:.0f} s" for p in plan), flush=True)
+        results, marks, snaps = [], [], []
+        loader = threading.Thread(target=drive, args=(state["query_url"], plan, results, marks), daemon=True)
+        loader.start()
+        last_shown = 0.0
+        while loader.is_alive():
+            status = fetch_status(url)
+            if status is not None:
+                status["t"] = time.time()
+                snaps.append(status)
+                if status["t"] - last_shown >= show_every_s:
+                    phase = marks[-1][1] if marks else ""
+                    print(f"\n--- {time.strftime('%H:%M:%S')} load phase: {phase}\n{render(status)}", flush=True)
+                    last_shown = status["t"]
+            time.sleep(1.0)
+        decisions = [json.loads(line) for line in (run_dir / "audit.jsonl").read_text().splitlines() if line]
+        pushed = sum(d["outcome"] == "pushed" for d in decisions)
+        rolled = sum(d["outcome"] == "rolled back" for d in decisions)
+        summary = phase_lines(results, GATEWAY_SLO_MS / 1e3) + [
+            f"{len(decisions)} decisions: {pushed} pushed, {rolled} rolled back"
+            + (" (dry-run: nothing pushed)" if dry_run else ""),
+            f"config {config_path}, audit log {run_dir / 'audit.jsonl'}, daemon log {run_dir / 'daemon.log'}"]
+        path = report.write(run_dir / "report.html", snaps, decisions, marks, summary)
+        print("\n" + "\n".join(summary), flush=True)
+        return path
+    finally:
+        if daemon is not None and daemon.poll() is None:
+            os.killpg(daemon.pid, signal.SIGTERM)
+            try:
+                daemon.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(daemon.pid, signal.SIGKILL)
+        launcher.stop(stack_cfg.run_dir)
