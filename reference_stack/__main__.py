@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"token {state['token_file']}; logs in {args.run_dir}")
             for name, url in state["urls"].items():
                 print(f"  {name:<10} pid {state['pids'][name]:<8} {url}")
+            print(f"  {'redis':<10} pid {state['pids']['redis']:<8} redis://127.0.0.1:{state['redis_port']}/0")
         elif args.command == "down":
             print("stopped: " + (", ".join(launcher.stop(args.run_dir)) or "nothing was running"))
         elif args.command == "init":
