@@ -86,7 +86,8 @@ def _triton_decide(state: SizeState, obs: Observation):
 
 # --- slotune: fit batch time = a + c*b from the observed batches, then take the largest b
 # whose worst case (wait for one running batch, then run its own) fits the SLO; while P99
-# is over the SLO anyway (a backlog), grow by half each decision to drain it, then decay back.
+# is over the SLO with most batches full (a backlog), grow by half each decision to drain
+# it, then decay back.
 @dataclass(frozen=True)
 class FitState:
     size: float
@@ -132,7 +133,9 @@ def _slotune_decide(state: FitState, obs: Observation):
     a, c = model
     fits = (MARGIN * obs.slo_s / 2 - a) / c
     why = f"batch time {a * 1e3:.1f} + {c * 1e3:.2f}*b ms: two batches fit the SLO up to b={fits:.0f}"
-    if obs.p99_s > obs.slo_s and state.size >= int(fits):  # a backlog: bigger batches drain it faster
+    ran = sum(count for _, count, _ in obs.batches)
+    full = sum(count for size, count, _ in obs.batches if size >= state.size)
+    if obs.p99_s > obs.slo_s and state.size >= int(fits) and full > ran / 2:  # a backlog: bigger batches drain it
         size, why = state.size * 1.5, why + f"; P99 {obs.p99_s * 1e3:.0f} ms over SLO: grow to drain the queue"
     elif obs.p99_s > 0.7 * obs.slo_s:
         size = max(fits, state.size)

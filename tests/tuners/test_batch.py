@@ -72,8 +72,10 @@ def test_slotune_explores_until_two_sizes_seen():
 def test_slotune_grows_to_drain_a_backlog():
     sl = P["slotune"]
     s, _ = sl.decide(sl.initial_state(START), obs(p99=0.1, batches=((4, 10, 0.018), (16, 10, 0.042))))
-    s, d = sl.decide(s, obs(p99=0.5, batches=((45, 10, 0.1),)))
-    assert d.changes["max_batch_size"] == 67.0                       # int(45 * 1.5)
+    _, d = sl.decide(s, obs(p99=0.5, batches=((45, 10, 0.1),)))
+    assert d.changes["max_batch_size"] == 67.0                       # full batches: int(45 * 1.5)
+    _, d = sl.decide(s, obs(p99=0.5, batches=((45, 2, 0.1), (10, 8, 0.03))))
+    assert "max_batch_size" not in d.changes                         # a slow batch, not a backlog
 
 
 def test_policies_are_pure():
