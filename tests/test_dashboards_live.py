@@ -18,6 +18,7 @@ import yaml
 
 from daemon import dashboards
 from reference_stack import launcher
+from reference_stack.client import StackClient
 from reference_stack.ports import DEFAULTS
 from tests.conftest import ROOT
 
@@ -34,6 +35,7 @@ ONLY_ON_FAULTS = {"slotune-kernel / Retransmits"}
 SUBSTITUTE = {"$__rate_interval": "10s", "$instance": ".+", "$service": ".+", "$setting": ".+", "$peer": ".+",
               "$gpu": ".+"}
 WAIT_S = 90          # longest wait for every query to have data, once the load runs
+CALM_S = 15          # load without a fault first: the attribution's baseline windows
 
 
 def gpu_present() -> bool:
@@ -147,7 +149,7 @@ def live(tmp_path_factory):
                   "search": {"failure_rate": 0.05}})
     metrics_port, prom_port = launcher.free_ports(2)
     procs = []
-    launcher.start(cfg)
+    stack = StackClient(launcher.start(cfg))
     try:
         daemon_config(tmp / "slotune.toml", cfg, metrics_port)
         seed_baselines(tmp / "slotune.toml")
@@ -162,9 +164,13 @@ def live(tmp_path_factory):
         wait_http(f"http://127.0.0.1:{metrics_port}/metrics", "slotune run", daemon, tmp / "daemon.log")
         wait_http(f"http://127.0.0.1:{prom_port}/-/ready", "prometheus", prom, tmp / "prometheus.log")
         load = spawn([sys.executable, "-m", "reference_stack", "load", "--url",
-                      f"http://127.0.0.1:{cfg.gateway_port}/query", "--rate", "8", "--duration", str(WAIT_S + 30)],
+                      f"http://127.0.0.1:{cfg.gateway_port}/query", "--rate", "8", "--duration", str(CALM_S + WAIT_S + 30)],
                      tmp / "load.log")
         procs.append(load)
+        # A clean service has no dominant cause: after a calm baseline, stall the gateway's event
+        # loop so the attribution has a tail to explain (its panels stay empty otherwise).
+        time.sleep(CALM_S)
+        stack.patch("gateway", blocking_io_ms=20.0)
         yield Prometheus(f"http://127.0.0.1:{prom_port}"), tmp
     finally:
         for proc in reversed(procs):
