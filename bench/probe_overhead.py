@@ -139,26 +139,43 @@ def rss_mib(pid: int | str = "self") -> float:
 
 
 def rss_figures(intervals: int, interval_s: float) -> str:
-    """RSS of this process with every family loaded and two services watched."""
+    """RSS of this process with every family loaded, watching an HTTP server that a
+    client thread keeps busy (new connections, requests, syscalls, wake-ups)."""
     import bcc  # noqa: F401  (counted in "before": every daemon imports it)
+    import threading
+    import urllib.request
     before = rss_mib()
     server = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "0"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tempfile.gettempdir())
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              cwd=tempfile.gettempdir())
+    port = int(server.stdout.readline().split(" port ")[1].split()[0])
+    stop = threading.Event()
+
+    def client():
+        while not stop.wait(0.01):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5).read()
+
     collector = KernelCollector()
+    worker = threading.Thread(target=client, daemon=True)
     try:
-        collector.start([ServiceSpec("bench-http", cmdline=r"-m http\.server --bind 127\.0\.0\.1 0"),
-                         ServiceSpec("self", cmdline=r"bench\.probe_overhead")])
+        collector.start([ServiceSpec("bench-http", cmdline=r"-m http\.server --bind 127\.0\.0\.1 0")])
         loaded = rss_mib()
-        samples = []
+        worker.start()
+        samples, requests = [], 0
         for i in range(intervals):
             time.sleep(interval_s)
-            collector.collect(float(i), float(i + 1))
+            for s in collector.collect(float(i), float(i + 1)):
+                h = s.histograms.get(("http_request", ""))
+                requests += h.count if h else 0
             samples.append(rss_mib())
         third = max(1, len(samples) // 3)
-        return (f"RSS: {before:.0f} MiB before loading, {loaded:.0f} MiB with all probes loaded, "
+        return (f"RSS: {before:.0f} MiB with bcc imported, {loaded:.0f} MiB with all probes loaded, "
                 f"{statistics.median(samples[:third]):.0f} MiB -> {statistics.median(samples[-third:]):.0f} MiB "
-                f"(median of first vs last third of {intervals} intervals of {interval_s:g} s)")
+                f"(median of first vs last third of {intervals} intervals of {interval_s:g} s, "
+                f"{requests} requests seen by the probes meanwhile)")
     finally:
+        stop.set()
+        worker.join(timeout=10)
         collector.close()
         server.kill()
         server.wait()
