@@ -1,6 +1,7 @@
 """TLS from uprobes on the libssl the services themselves load: N handshakes by a
 Python ssl client are N on both sides, their latency agrees with the client's own
-clock, bytes are exact; a plaintext client with libssl loaded shows none."""
+clock, bytes are exact; a plaintext client with libssl loaded shows none, and
+the HTTP request probe does not take TLS records for requests."""
 import json
 import statistics
 import subprocess
@@ -30,7 +31,7 @@ def test_handshakes_and_bytes_counted_plaintext_none(kernel, spawn, tag, tmp_pat
     plain = spawn("tls_pair", "client", f"{tag}-p", http_port, HANDSHAKES, 0, "plain")
     collector = kernel([ServiceSpec("client", cmdline=f"client {tag}-c"),
                         ServiceSpec("server", cmdline=f"server {tag}-s"),
-                        ServiceSpec("plain", cmdline=f"client {tag}-p")], ["tls"])
+                        ServiceSpec("plain", cmdline=f"client {tag}-p")], ["tls", "http"])
     collected(collector)
     for p in (client, plain):
         p.stdin.write("go\n")
@@ -53,3 +54,4 @@ def test_handshakes_and_bytes_counted_plaintext_none(kernel, spawn, tag, tmp_pat
     assert s.counters[("tls_bytes", "read")] == HANDSHAKES * (8 + PAYLOAD)
     assert c.counters[("tls_calls", "write")] >= HANDSHAKES
     assert not any(sig.startswith("tls") for sig, _ in [*samples["plain"].histograms, *samples["plain"].counters])
+    assert ("http_request", "") not in s.histograms       # the TLS server read 20 ClientHellos
