@@ -15,7 +15,13 @@ from daemon.collectors.kernel import KernelCollector
 from daemon.histogram import Histogram
 
 WORKERS = Path(__file__).resolve().parent / "workers"
-pytestmark = pytest.mark.kernel
+
+
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).resolve().parent
+    for item in items:
+        if here in Path(item.fspath).resolve().parents:
+            item.add_marker(pytest.mark.kernel)
 
 
 @pytest.fixture

@@ -1,5 +1,9 @@
 """`slotune probes`: --print shows exactly what BCC compiles; --watch shows a
 service's figures; bad input names the input and the fix."""
+import re
+import threading
+import urllib.request
+
 from bpf import header, source
 from tests.conftest import run_slotune
 
@@ -19,12 +23,26 @@ def test_print_one_family():
     assert source("tcp").strip() in text and source("http").strip() not in text
 
 
-def test_watch_prints_a_table_for_the_service(root_only):
-    result = run_slotune("probes", "--watch", "--service", "me=probes --watch", "--family", "offcpu",
-                         "--interval", "0.3", "--count", "2")
+def test_watch_prints_a_table_for_the_service(root_only, spawn, tag):
+    server = spawn("http_server", tag, 0.0)
+    port = int(server.stdout.readline())
+    stop = threading.Event()
+
+    def requests():
+        while not stop.wait(0.05):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5).read()
+
+    client = threading.Thread(target=requests)
+    client.start()
+    try:
+        result = run_slotune("probes", "--watch", "--service", f"web=http_server.py {tag}", "--family", "http",
+                             "--interval", "1.5", "--count", "2")
+    finally:
+        stop.set()
+        client.join()
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("service        signal") == 2
-    assert "me" in result.stdout
+    assert re.search(r"^web +http_request +\d+ ", result.stdout, re.M), result.stdout
 
 
 def test_bad_input_names_the_fix():
