@@ -18,8 +18,8 @@ class Tcp(Family):
         self.peer_ids: dict[str, int] = {OTHER: 0}   # grows only: ids stay stable for deltas
 
     def label(self, signal: str, label_id: int) -> str:
-        for name, pid in self.peer_ids.items():
-            if pid == label_id:
+        for name, peer_id in self.peer_ids.items():
+            if peer_id == label_id:
                 return name
         return OTHER
 
@@ -31,13 +31,12 @@ class Tcp(Family):
             for port in procs.listen_ports:
                 listen[port] = sid
             for port, peer in procs.service.peers.items():
-                pid = self.peer_ids.setdefault(peer, len(self.peer_ids))
-                peers[(sid, port)] = pid
+                peers[(sid, port)] = self.peer_ids.setdefault(peer, len(self.peer_ids))
         set_entries(program.table("tcp_listen_ports"), U16, U32, listen)
         table = program.table("tcp_peer_ports")
         present = {(k.service, k.port): v for k, v in items(table)}
-        for (sid, port), pid in peers.items():
-            if present.get((sid, port)) != pid:
-                table[table.Key(sid, port, 0)] = U16(pid)
+        for (sid, port), peer_id in peers.items():
+            if present.get((sid, port)) != peer_id:
+                table[table.Key(sid, port, 0)] = U16(peer_id)
         for sid, port in present.keys() - peers.keys():
             del table[table.Key(sid, port, 0)]
