@@ -6,14 +6,18 @@ baseline, so a clean service has no dominant cause however large its usual
 tail is):
 
 - recent span: the last `recent_s` seconds of windows, merged; baseline: the
-  earlier windows of the horizon, leaving out disturbed ones (P99 above the
-  median by more than 3 robust deviations), merged.
+  earlier windows of the horizon cut into spans as long (a P99 of 30 requests
+  must be compared with P99s of 30 requests, not of 3000), leaving out
+  disturbed spans (P99 above the median by more than 3 robust deviations);
+  the baseline's P50, P99 and cause readings are medians over its spans.
 - excess = P99(recent) - P50(baseline): the tail to explain. It splits into
-  the usual tail (P99 - P50 of the baseline), a noise band (what P99 of
-  `recent_s` seconds wanders by in the baseline) and the growth beyond that.
+  the usual tail (P99 - P50 of the baseline), a noise band (2 robust
+  deviations of the spans' P99, at least 5 % of it) and the growth beyond that.
 - every cause is read as seconds a tail request gains from it
   (daemon/attribution_causes.py); a downstream service as its own P99; a cause
-  is credited with its rise over the baseline. The growth is split in
+  is credited with its rise beyond its own usual band (median + 2 robust
+  deviations over the baseline spans; for a downstream service, its growth
+  beyond its noise band). The growth is split in
   proportion to those rises; where the rises add up to less than the growth
   they are scaled up at most TAIL_GAIN times (a stall of the event loop
   delays every request queued behind it, so the tail gains more than the
@@ -27,6 +31,7 @@ tail is):
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -41,7 +46,10 @@ TAIL_GAIN = 4.0          # most the tail may exceed the sum of the causes' mean 
 NOISE_SIGMAS = 2.0
 NOISE_FLOOR_RATIO = 0.05  # growth under 5 % of the baseline P99 is noise
 NOISE_FLOOR_S = 0.0005
-MIN_BASELINE_WINDOWS = 5
+MIN_BASELINE_SPANS = 5
+RECENT_S = 2.0           # the span judged: two collection windows at the default 1 s
+HORIZON_S = 300.0        # look-back: a fault stays named until it fills half of it
+BASELINE_SPANS = 60      # the calm spans the baseline is summarised from, latest first
 
 
 @dataclass
@@ -54,6 +62,7 @@ class Explanation:
     excess_s: float = 0.0                                # P99 recent - P50 baseline
     growth_s: float = 0.0                                # P99 recent - P99 baseline
     usual_tail_s: float = 0.0                            # P99 - P50 of the baseline
+    noise_s: float = 0.0                                 # growth within this is noise
     p50_s: float = math.nan
     p99_s: float = math.nan
     jitter_s: float = 0.0                                # std of per-window P99 over the horizon
@@ -100,46 +109,93 @@ def merge(windows: Sequence[Window]) -> Window:
 
 
 @dataclass
+class _Stats:
+    """What attribution reads from one span: its median, its P99 and every cause."""
+    p50: float
+    p99: float
+    readings: dict[str, causes.Reading]
+
+
+_spans: dict[tuple[int, int, int], tuple[weakref.ref, weakref.ref, _Stats]] = {}
+
+
+def _stats(ws: Sequence[Window]) -> _Stats:
+    """_Stats of windows merged; remembered while they live (collected windows never change)."""
+    key = (id(ws[0]), id(ws[-1]), len(ws))
+    hit = _spans.get(key)
+    if hit is not None and hit[0]() is ws[0] and hit[1]() is ws[-1]:
+        return hit[2]
+    span = merge(ws)
+    value = _Stats(span.p(0.5), span.p(0.99), causes.read_all(span))
+    _spans[key] = (weakref.ref(ws[0]), weakref.ref(ws[-1]), value)
+    if len(_spans) > 100_000:
+        for k in [k for k, (a, b, _) in _spans.items() if a() is None or b() is None]:
+            del _spans[k]
+    return value
+
+
+@dataclass
 class _Split:
-    """A service's windows cut into a recent span and a baseline."""
-    recent: Window
-    baseline: Window
+    """A service's windows cut into a recent span and a baseline of spans as long."""
+    recent: _Stats
+    baseline: list[_Stats]       # calm spans of recent_s each, oldest first
     windows: list[Window]        # the horizon, with requests, oldest first
-    sigma_s: float               # robust spread of per-window P99 in the baseline
-    recent_count: int
+    p50: float                   # baseline medians over its spans
+    p99: float
+    sigma_s: float               # robust spread of the spans' P99
+
+
+def _chunks(windows: list[Window], span_s: float) -> list[list[Window]]:
+    """Consecutive windows grouped by end time into spans of span_s (stable from one call to the next)."""
+    out: list[list[Window]] = []
+    for w in windows:
+        if out and math.floor(out[-1][0].end / span_s) == math.floor(w.end / span_s):
+            out[-1].append(w)
+        else:
+            out.append([w])
+    return out
 
 
 def _split(windows: Sequence[Window], now: float, recent_s: float, horizon_s: float) -> _Split | None:
+    """Quantiles of a few windows are compared with quantiles of as many windows
+    (a P99 of 30 requests sits below the P99 of 3000), so the baseline is a set
+    of spans as long as the recent one, summarised by medians."""
     live = [w for w in windows if w.requests and now - horizon_s < w.end <= now]
+    if live:   # one latency source throughout: the service's own histogram, or eBPF while it has none
+        live = [w for w in live if w.latency_source == live[-1].latency_source]
     recent = [w for w in live if w.end > now - recent_s]
     older = [w for w in live if w.end <= now - recent_s]
-    if not recent or len(older) < MIN_BASELINE_WINDOWS:
+    spans = [_stats(c) for c in _chunks(older, recent_s)]
+    if not recent or len(spans) < MIN_BASELINE_SPANS:
         return None
-    p99 = np.array([w.p(0.99) for w in older])
+    p99 = np.array([s.p99 for s in spans])
     med = float(np.median(p99))
     sigma = 1.4826 * float(np.median(np.abs(p99 - med)))
-    calm = [w for w, v in zip(older, p99) if v <= med + 3 * sigma + NOISE_FLOOR_S]
-    return _Split(merge(recent), merge(calm), live, sigma, len(recent))
+    calm = [s for s, v in zip(spans, p99) if v <= med + 3 * sigma + NOISE_FLOOR_S][-BASELINE_SPANS:]
+    calm_p99 = np.array([s.p99 for s in calm])
+    return _Split(_stats(recent), calm, live, float(np.median([s.p50 for s in calm])), float(np.median(calm_p99)),
+                  1.4826 * float(np.median(np.abs(calm_p99 - np.median(calm_p99)))))
 
 
 def _rises(split: _Split, downstream: Mapping[str, "Explanation"], skip_tools: set[str]) -> dict[str, dict]:
-    """cause -> evidence with its baseline and recent readings and its rise (s)."""
-    now = causes.read_all(split.recent)
-    base = causes.read_all(split.baseline)
+    """cause -> evidence: the baseline (median over its spans) and recent readings, and the rise (s)."""
+    now = split.recent.readings
+    known = set(now).union(*(s.readings for s in split.baseline)) - skip_tools
     out = {}
-    for cause in now.keys() | base.keys():
-        if cause in skip_tools:
-            continue
-        r, b = now.get(cause), base.get(cause)
-        ref = r or b
-        rise = (r.value_s if r else 0.0) - (b.value_s if b else 0.0)
-        out[cause] = {"signal": ref.signal, "unit": ref.unit, "baseline": b.raw if b else 0.0,
-                      "recent": r.raw if r else 0.0, "rise_s": max(rise, 0.0)}
+    for cause in known:
+        base = [s.readings.get(cause) for s in split.baseline]
+        ref = now.get(cause) or next(r for r in base if r is not None)
+        values = np.array([r.value_s if r else 0.0 for r in base])
+        median = float(np.median(values))
+        usual = median + NOISE_SIGMAS * 1.4826 * float(np.median(np.abs(values - median)))
+        r = now.get(cause)
+        out[cause] = {"signal": ref.signal, "unit": ref.unit,
+                      "baseline": float(np.median([r.raw if r else 0.0 for r in base])),
+                      "recent": r.raw if r else 0.0, "rise_s": max((r.value_s if r else 0.0) - usual, 0.0)}
     for name, exp in downstream.items():
         if math.isfinite(exp.p99_s):
-            base_p99 = exp.p99_s - exp.growth_s
-            out[f"downstream:{name}"] = {"signal": f"{name} P99", "unit": "s", "baseline": base_p99,
-                                         "recent": exp.p99_s, "rise_s": max(exp.growth_s, 0.0)}
+            out[f"downstream:{name}"] = {"signal": f"{name} P99", "unit": "s", "baseline": exp.p99_s - exp.growth_s,
+                                         "recent": exp.p99_s, "rise_s": max(exp.growth_s - exp.noise_s, 0.0)}
     return out
 
 
@@ -153,11 +209,11 @@ def _credit(growth: float, rises: dict[str, float]) -> dict[str, float]:
 
 def _jitter(split: _Split, downstream_windows: Mapping[str, Sequence[Window]]) -> tuple[float, dict[str, float]]:
     ws = split.windows
-    y = np.array([w.p(0.99) for w in ws])
+    y = np.array([_stats([w]).p99 for w in ws])
     if len(ws) < 3 or not np.all(np.isfinite(y)) or y.std() == 0:
         return (float(y.std()) if len(ws) and np.all(np.isfinite(y)) else 0.0), {}
     columns: dict[str, list[float]] = {}
-    readings = [causes.read_all(w) for w in ws]
+    readings = [_stats([w]).readings for w in ws]
     for i, reading in enumerate(readings):
         for cause, r in reading.items():
             columns.setdefault(cause, [0.0] * len(ws))[i] = r.value_s
@@ -175,45 +231,74 @@ def _jitter(split: _Split, downstream_windows: Mapping[str, Sequence[Window]]) -
     return float(y.std()), {c: s for c, s in shares.items() if s > 0}
 
 
+def call_graph(services) -> dict[str, tuple[str, ...]]:
+    """Who calls whom, from the config: each service's `downstream` list plus the
+    peers (remote port -> name) of its TCP connections that are services too."""
+    names = {s.name for s in services}
+    return {s.name: tuple(dict.fromkeys([*s.downstream, *(p for p in s.spec.peers.values()
+                                                          if p in names and p != s.name)]))
+            for s in services}
+
+
 def explain(service: str, history: Mapping[str, Sequence[Window]],
-            downstream: Mapping[str, Sequence[str]] | None = None, *,
-            now: float | None = None, recent_s: float = 2.0, horizon_s: float = 120.0,
-            _seen: frozenset = frozenset()) -> Explanation:
+            downstream: Mapping[str, Sequence[str]] | None = None, *, now: float | None = None,
+            recent_s: float = RECENT_S, horizon_s: float = HORIZON_S) -> Explanation:
     """Explain `service`'s tail from history[service] (windows, oldest first),
     following downstream[service] (names of services it calls) recursively."""
-    downstream = downstream or {}
-    windows = list(history.get(service, ()))
-    if now is None:
-        now = windows[-1].end if windows else 0.0
-    split = _split(windows, now, recent_s, horizon_s)
-    if split is None:
-        have = sum(1 for w in windows if w.requests)
-        return Explanation(service, f"warming up: {have} window(s) with requests, "
-                                    f"needs {MIN_BASELINE_WINDOWS} before the last {recent_s:g} s")
-    callees = [d for d in downstream.get(service, ()) if d not in _seen and d in history]
-    below = {d: explain(d, history, downstream, now=now, recent_s=recent_s, horizon_s=horizon_s,
-                        _seen=_seen | {service}) for d in callees}
-    below = {d: e for d, e in below.items() if math.isfinite(e.p99_s)}
-    covered_tools = {c for d in below for c in causes.tools_in(history[d])}
-    evidence = _rises(split, below, covered_tools)
+    return _Explainer(history, downstream or {}, now, recent_s, horizon_s).explain(service, frozenset())
 
-    p50_base, p99_base = split.baseline.p(0.5), split.baseline.p(0.99)
-    p99 = split.recent.p(0.99)
-    excess = max(p99 - p50_base, 0.0)
-    growth = p99 - p99_base
-    noise = NOISE_SIGMAS * split.sigma_s / math.sqrt(split.recent_count) + NOISE_FLOOR_RATIO * p99_base + NOISE_FLOOR_S
-    attributable = max(growth - noise, 0.0)
-    credit = _credit(attributable, {c: e["rise_s"] for c, e in evidence.items()})
-    for c, s in credit.items():
-        evidence[c]["credited_s"] = s
-    shares = {c: (s / excess if excess > 0 else 0.0) for c, s in credit.items()}
-    jitter_s, jitter_shares = _jitter(split, {d: history[d] for d in below})
 
-    exp = Explanation(service, "", shares=shares, excess_s=excess, growth_s=growth,
-                      usual_tail_s=max(p99_base - p50_base, 0.0), p50_s=split.recent.p(0.5), p99_s=p99,
-                      jitter_s=jitter_s, jitter_shares=jitter_shares, evidence=evidence, downstream=below)
-    _conclude(exp, attributable, noise, sum(e["rise_s"] for e in evidence.values()))
-    return exp
+def explain_all(history: Mapping[str, Sequence[Window]], downstream: Mapping[str, Sequence[str]] | None = None, *,
+                now: float | None = None, recent_s: float = RECENT_S,
+                horizon_s: float = HORIZON_S) -> dict[str, Explanation]:
+    """Every service in history explained once (the daemon calls this each window)."""
+    ex = _Explainer(history, downstream or {}, now, recent_s, horizon_s)
+    return {name: ex.explain(name, frozenset()) for name in history}
+
+
+class _Explainer:
+    """One pass over the services at one instant; each service is explained once."""
+
+    def __init__(self, history, downstream, now, recent_s, horizon_s):
+        self.history, self.downstream = history, downstream
+        self.now = now if now is not None else max((ws[-1].end for ws in history.values() if ws), default=0.0)
+        self.recent_s, self.horizon_s = recent_s, horizon_s
+        self.done: dict[str, Explanation] = {}
+
+    def explain(self, service: str, seen: frozenset) -> Explanation:
+        if service not in self.done:
+            self.done[service] = self._explain(service, seen | {service})
+        return self.done[service]
+
+    def _explain(self, service: str, seen: frozenset) -> Explanation:
+        windows = list(self.history.get(service, ()))
+        split = _split(windows, self.now, self.recent_s, self.horizon_s)
+        if split is None:
+            have = sum(1 for w in windows if w.requests and w.end > self.now - self.horizon_s)
+            return Explanation(service, f"{service}: warming up: {have} window(s) with requests, needs "
+                                        f"{MIN_BASELINE_SPANS} spans of {self.recent_s:g} s before the last one")
+        callees = [d for d in self.downstream.get(service, ()) if d not in seen and d in self.history]
+        below = {d: self.explain(d, seen) for d in callees}
+        below = {d: e for d, e in below.items() if math.isfinite(e.p99_s)}
+        evidence = _rises(split, below, {f"tool:{d}" for d in below})
+
+        p50_base, p99_base = split.p50, split.p99
+        p99 = split.recent.p99
+        excess = max(p99 - p50_base, 0.0)
+        growth = p99 - p99_base
+        noise = NOISE_SIGMAS * split.sigma_s + NOISE_FLOOR_RATIO * p99_base + NOISE_FLOOR_S
+        attributable = max(growth - noise, 0.0)
+        credit = _credit(attributable, {c: e["rise_s"] for c, e in evidence.items()})
+        for c, s in credit.items():
+            evidence[c]["credited_s"] = s
+        shares = {c: (s / excess if excess > 0 else 0.0) for c, s in credit.items()}
+        jitter_s, jitter_shares = _jitter(split, {d: self.history[d] for d in below})
+        exp = Explanation(service, "", shares=shares, excess_s=excess, growth_s=growth,
+                          usual_tail_s=max(p99_base - p50_base, 0.0), noise_s=noise,
+                          p50_s=split.recent.p50, p99_s=p99,
+                          jitter_s=jitter_s, jitter_shares=jitter_shares, evidence=evidence, downstream=below)
+        _conclude(exp, attributable, noise, sum(e["rise_s"] for e in evidence.values()))
+        return exp
 
 
 def _conclude(exp: Explanation, attributable: float, noise: float, total_rise: float) -> None:

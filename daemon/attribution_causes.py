@@ -14,7 +14,6 @@ from daemon.window import Window
 # idle threads wait, net calls on non-blocking sockets return at once.
 BLOCKING_CLASSES = ("sleep", "io", "other")
 MIN_RTO_S = 0.2           # Linux's smallest retransmission timeout
-TAIL_FRACTION = 0.01      # a cause that touches 1 % of requests reaches the P99
 GPU_GAUGES = ("gpu_saturation_ratio", "gpu_membw_ratio", "gpu_pcie_ratio", "gpu_throttled")
 
 
@@ -55,33 +54,47 @@ def blocking_syscalls(span: Window) -> Reading | None:
     return None if v is None else Reading(v, "blocking syscall time per request", v, "s")
 
 
-def _queue_wait(span: Window) -> Reading | None:
-    found = [h for (fam, _), h in span.histograms.items() if fam.endswith("_queue_wait_seconds")]
+def _family_p99(span: Window, suffix: str) -> float | None:
+    found = [h for (fam, _), h in span.histograms.items() if fam.endswith(suffix)]
     if not found:
         return None
     merged = found[0]
     for h in found[1:]:
         merged = merged.plus(h)
     v = merged.quantile(0.99)
-    return Reading(v, "batching queue wait P99", v, "s") if math.isfinite(v) else None
+    return v if math.isfinite(v) else None
+
+
+def batch_queue_wait(span: Window) -> Reading | None:
+    """Queue wait P99 beyond the batch compute P99: a request that waits for its
+    batch waits out the batch delay setting plus at most the batch running ahead
+    of it, so only the part beyond the compute is the batcher's own doing (slower
+    compute shows under run-queue wait or GPU saturation)."""
+    wait = _family_p99(span, "_queue_wait_seconds")
+    if wait is None:
+        return None
+    compute = _family_p99(span, "_batch_compute_seconds") or 0.0
+    return Reading(max(wait - compute, 0.0), "batching queue wait P99 beyond batch compute P99", wait, "s")
 
 
 def network_rtt(span: Window) -> Reading | None:
-    p99s = [h.quantile(0.99) for (sig, _), h in span.histograms.items() if sig == "tcp_rtt"]
-    p99s = [v for v in p99s if math.isfinite(v)]
-    if not p99s:
+    """Mean smoothed RTT towards the slowest peer: a queue on the path shows in
+    every round trip, while the P99 of srtt on loopback is delayed-ACK noise."""
+    means = [_total_s(h) / h.count for (sig, _), h in span.histograms.items() if sig == "tcp_rtt" and h.count]
+    if not means:
         return None
-    return Reading(max(p99s), "TCP RTT P99 (worst peer)", max(p99s), "s")
+    return Reading(max(means), "TCP smoothed RTT, mean (slowest peer)", max(means), "s")
 
 
 def retransmits(span: Window) -> Reading | None:
+    """Each retransmission costs at least the minimum RTO; read as the mean per request."""
     if not any(sig.startswith("tcp_") for sig, _ in [*span.histograms, *span.counters]):
         return None
     n = sum(v for (sig, _), v in span.counters.items() if sig == "tcp_retransmits")
     per_req = _per_request(n, span)
     if per_req is None:
         return None
-    return Reading(min(per_req / TAIL_FRACTION, 1.0) * MIN_RTO_S, "TCP retransmits per request", per_req, "1")
+    return Reading(per_req * MIN_RTO_S, "TCP retransmits per request", per_req, "1")
 
 
 def connect(span: Window) -> Reading | None:
@@ -112,11 +125,11 @@ def gpu_saturation(span: Window) -> Reading | None:
 
 
 def tool_readings(span: Window) -> dict[str, Reading]:
-    """P99 of each tool call as the caller times it, from histograms labelled tool=NAME."""
+    """P99 of each tool call as the caller times it, from <caller>_tool_duration_seconds{tool=NAME}."""
     by_tool: dict[str, object] = {}
     for (fam, label), h in span.histograms.items():
         tool = _labels(label).get("tool")
-        if tool and fam.endswith("_seconds"):
+        if tool and fam.endswith("_tool_duration_seconds"):
             by_tool[tool] = by_tool[tool].plus(h) if tool in by_tool else h
     out = {}
     for tool, h in by_tool.items():
@@ -126,17 +139,11 @@ def tool_readings(span: Window) -> dict[str, Reading]:
     return out
 
 
-def tools_in(windows) -> set[str]:
-    """The tool causes a service's own windows carry (a tool server times its calls itself)."""
-    return {f"tool:{_labels(label)['tool']}" for w in windows for (_, label) in w.histograms
-            if "tool=" in label}
-
-
 # cause name -> how to read it. Downstream services and tools are added per call path.
 CAUSES: dict[str, Callable[[Window], Reading | None]] = {
     "runqueue_wait": runqueue_wait,
     "blocking_syscalls": blocking_syscalls,
-    "batch_queue_wait": _queue_wait,
+    "batch_queue_wait": batch_queue_wait,
     "network_rtt": network_rtt,
     "retransmits": retransmits,
     "connect": connect,
@@ -145,13 +152,12 @@ CAUSES: dict[str, Callable[[Window], Reading | None]] = {
 }
 
 
-def read_all(span: Window, tools: bool = True) -> dict[str, Reading]:
+def read_all(span: Window) -> dict[str, Reading]:
     """Every cause the span has a signal for."""
     out = {}
     for cause, read in CAUSES.items():
         r = read(span)
         if r is not None and math.isfinite(r.value_s):
             out[cause] = r
-    if tools:
-        out.update(tool_readings(span))
+    out.update(tool_readings(span))
     return out

@@ -1,0 +1,265 @@
+"""Attribution on a fault-injection matrix: runs the reference stack and the
+slotune daemon (real collectors: service /metrics and eBPF probes) in a
+private network namespace, injects one known fault at a time (bench/faults_inject.py)
+under steady load, and prints the confusion matrix (injected fault x the root
+cause the gateway's attribution names), the injected cause's mean share and
+the time to detection.
+
+    python bench/attribution_matrix.py                 # 2 runs of each fault, about 8 minutes
+    python bench/attribution_matrix.py --runs 3 --faults cpu,queue --json /tmp/matrix.json
+
+Needs root (eBPF, tc, a network namespace)."""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from faults_inject import matrix_faults  # noqa: E402
+
+NETNS_FLAG = "SLOTUNE_BENCH_OWN_NETNS"
+TOOLS = ("search", "calculator", "weather")
+# Tools answer in a few ms, so the gateway's own tail is the LLM path's and a fault
+# there is not lost in tool noise (the default search tool's 40 ms lognormal is).
+QUIET_TOOLS = {t: {"latency_ms": ms, "latency_sigma": 0.2} for t, ms in (("search", 8.0), ("calculator", 2.0),
+                                                                          ("weather", 5.0))}
+SMALL_MODEL = ["--device", "cpu", "--d-model", "64", "--layers", "2", "--heads", "4", "--max-new-tokens", "4"]
+
+
+def enter_own_netns() -> None:
+    """Re-run this script in a fresh network namespace (its lo is ours to reshape), lo up at MTU 1500
+    so a TBF burst can hold a whole packet."""
+    if os.environ.get(NETNS_FLAG) != "1":
+        env = dict(os.environ, **{NETNS_FLAG: "1"})
+        os.execvpe("unshare", ["unshare", "--net", sys.executable, *sys.argv], env)
+    subprocess.run(["ip", "link", "set", "lo", "up", "mtu", "1500"], check=True)
+
+
+def write_config(path: Path, stack: dict, ports: dict, exporter_port: int, work: Path) -> None:
+    run_dir = stack["run_dir"]
+    urls = stack["urls"]
+
+    def service(name: str, match: str, metric: str, downstream=(), peers=None, metrics_url=None) -> str:
+        lines = [f"[services.{name}]",
+                 f'cmdline = "reference_stack {match} .*--run-dir {run_dir}( |$)"',
+                 f'metrics_url = "{metrics_url or urls[name] + "/metrics"}"',
+                 f'latency_metric = "{metric}"', "slo_p99_ms = 1000.0",
+                 f"downstream = {json.dumps(list(downstream))}"]
+        if peers:
+            lines.append("peers = { " + ", ".join(f'"{p}" = "{n}"' for p, n in peers.items()) + " }")
+        return "\n".join(lines) + "\n"
+
+    text = (f'[daemon]\ncollect_interval_s = 1.0\nexporter_address = "127.0.0.1:{exporter_port}"\n'
+            f'baseline_store = "{work}/baselines.sqlite"\naudit_log = "{work}/audit.jsonl"\ndry_run = true\n\n')
+    text += service("gateway", "gateway", "gateway_request_duration_seconds", ("sidecar", *TOOLS),
+                    {ports["sidecar"]: "sidecar", **{ports[t]: t for t in TOOLS}})
+    text += service("sidecar", "sidecar", "sidecar_request_duration_seconds", ("inference",),
+                    {ports["inference"]: "inference"})
+    text += service("inference", "inference", "inference_request_duration_seconds")
+    for t in TOOLS:
+        text += service(t, f"tool --name {t}", "tool_request_duration_seconds")
+    path.write_text(text)
+
+
+class DaemonLoop:
+    """The slotune daemon (its real Daemon class and collectors) stepped once a second in a thread;
+    each step's attribution of every service is kept as (window end, {service: Explanation})."""
+
+    def __init__(self, cfg):
+        from daemon.collectors.kernel.collector import KernelCollector
+        from daemon.collectors.service_metrics import ServiceMetricsCollector
+        from daemon.runner import Daemon
+        urls = {s.name: s.metrics_url for s in cfg.services}
+        self.daemon = Daemon(cfg, dry_run=True, collectors=[ServiceMetricsCollector(urls), KernelCollector()])
+        self.steps: list[tuple[float, dict]] = []
+        self.step_cost: list[float] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="daemon", daemon=True)
+
+    def start(self) -> None:
+        self.daemon.start()
+        self.thread.start()
+
+    def _run(self) -> None:
+        start = time.time()
+        while not self.stop.wait(max(0.0, start + 1.0 - time.time())):
+            end = time.time()
+            t = time.perf_counter()
+            self.daemon.step(start, end)
+            self.step_cost.append(time.perf_counter() - t)
+            with self.daemon.lock:
+                self.steps.append((end, dict(self.daemon.metrics.attribution)))
+            start = end
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+        self.daemon.close()
+
+
+def share_of(explanations: dict, service: str, cause: str) -> float:
+    if service == "*" or service not in explanations:
+        return 0.0
+    shares = explanations[service].shares
+    if cause == "*":
+        return max(shares.values(), default=0.0)
+    return shares.get(cause, 0.0)
+
+
+def judge(fault, steps: list[tuple[float, dict]], t_on: float, settle: int) -> dict:
+    """One run: the windows while the fault was on, read as the user-facing gateway's attribution."""
+    on = [(end, ex) for end, ex in steps if end > t_on]
+    roots = [ex["gateway"].root_cause if "gateway" in ex else ("", "", 0.0) for _, ex in on]
+    correct = [fault.correct(svc, cause) for svc, cause, _ in roots]
+    tail = [ex["gateway"].growth_s > ex["gateway"].noise_s for _, ex in on if "gateway" in ex]
+    if not on:
+        raise RuntimeError(f"{fault.name}: the daemon recorded no window while the fault was on")
+    steady = roots[settle:] or roots
+    reported = collections.Counter(f"{s}:{c}" if s else "none" for s, c, _ in steady).most_common(1)[0][0]
+    leaf = [max((share_of(ex, s, c) for s, c in fault.expected), default=0.0) for _, ex in on[settle:]]
+    e2e = [share if ok else 0.0 for (_, _, share), ok in zip(roots[settle:], correct[settle:])]
+    top_shares = [max(ex["gateway"].shares.values(), default=0.0) for _, ex in on if "gateway" in ex]
+    first_tail = tail.index(True) if True in tail else None
+    first_ok = correct.index(True) if True in correct else None
+    return {"fault": fault.name, "reported": reported, "correct": fault.correct(*(reported.split(":", 1)
+                                                                                  if reported != "none" else ("", ""))),
+            "leaf_share": sum(leaf) / len(leaf) if leaf else 0.0, "e2e_share": sum(e2e) / len(e2e) if e2e else 0.0,
+            "max_top_share": max(top_shares, default=0.0), "windows": len(on),
+            "tail_at": first_tail, "detected_at": first_ok,
+            "verdicts": [ex["gateway"].verdict for _, ex in on if "gateway" in ex]}
+
+
+def report(results: list[dict], faults) -> str:
+    labels = sorted({r["reported"] for r in results} | {"none"})
+    lines = ["confusion matrix (rows: injected fault; columns: root cause the gateway's attribution names, "
+             "most frequent over the fault's steady windows)", ""]
+    width = max(len(x) for x in labels) + 2
+    lines.append(f"{'injected':<10}" + "".join(f"{x:>{width}}" for x in labels))
+    for f in faults:
+        rows = [r for r in results if r["fault"] == f.name]
+        if not rows:
+            continue
+        counts = collections.Counter(r["reported"] for r in rows)
+        lines.append(f"{f.name:<10}" + "".join(f"{counts.get(x, 0):>{width}}" for x in labels))
+    lines += ["", f"{'fault':<10}{'runs':>5}{'correct':>9}{'leaf share':>12}{'e2e share':>11}"
+                  f"{'detect (windows after tail)':>29}{'max top share':>15}"]
+    for f in faults:
+        rows = [r for r in results if r["fault"] == f.name]
+        if not rows:
+            continue
+        ok = sum(r["correct"] for r in rows)
+        delays = [r["detected_at"] - (r["tail_at"] or 0) + 1 for r in rows
+                  if r["detected_at"] is not None and f.name != "clean"]
+        delay = "-" if not delays else f"{min(delays)}..{max(delays)}"
+        leaf = "-" if f.name == "clean" else f"{sum(r['leaf_share'] for r in rows) / len(rows):.0%}"
+        e2e = "-" if f.name == "clean" else f"{sum(r['e2e_share'] for r in rows) / len(rows):.0%}"
+        lines.append(f"{f.name:<10}{len(rows):>5}{ok:>5}/{len(rows):<3}{leaf:>12}{e2e:>11}{delay:>29}"
+                     f"{max(r['max_top_share'] for r in rows):>15.0%}")
+    faulty = [r for r in results if r["fault"] != "clean"]
+    if faulty:
+        lines.append(f"\ntop cause correct in {sum(r['correct'] for r in faulty)}/{len(faulty)} fault runs; "
+                     f"injected cause's mean share {sum(r['leaf_share'] for r in faulty) / len(faulty):.0%} "
+                     f"where it lives, {sum(r['e2e_share'] for r in faulty) / len(faulty):.0%} of the gateway's excess")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=2, help="runs of each fault (default 2)")
+    ap.add_argument("--faults", default="", help="comma-separated subset: clean,cpu,network,tls,tool,queue,blocking")
+    ap.add_argument("--rate", type=float, default=25.0, help="offered load on the gateway, queries/s")
+    ap.add_argument("--baseline-s", type=float, default=15.0, help="clean seconds before each fault")
+    ap.add_argument("--fault-s", type=float, default=12.0, help="seconds each fault stays on")
+    ap.add_argument("--settle", type=int, default=2, help="fault windows skipped before judging the steady verdict")
+    ap.add_argument("--json", type=Path, default=None, help="also write every run's result here")
+    ap.add_argument("--verbose", action="store_true", help="print the gateway's verdict each window")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("attribution_matrix: needs root (eBPF probes, tc, a network namespace)", file=sys.stderr)
+        return 2
+    enter_own_netns()
+    from daemon import config as config_mod
+    from reference_stack import launcher
+
+    work = Path(tempfile.mkdtemp(prefix="slotune-matrix-"))
+    ports = dict(zip(("gateway", "inference", "sidecar", "sidecar_admin", "redis", "exporter", *TOOLS),
+                     launcher.free_ports(6 + len(TOOLS))))
+    stack_cfg = launcher.StackConfig(
+        run_dir=work / "stack", gateway_port=ports["gateway"], inference_port=ports["inference"],
+        sidecar_port=ports["sidecar"], sidecar_admin_port=ports["sidecar_admin"], redis_port=ports["redis"],
+        tool_ports={t: ports[t] for t in TOOLS}, inference_args=SMALL_MODEL,
+        settings={"gateway": {"llm_via_sidecar": True}, **QUIET_TOOLS}, startup_timeout_s=180.0)
+    t0 = time.time()
+    # The daemon first: it owns a TCP connection only if it saw the connect (bpf/tcp.bpf.c).
+    write_config(work / "slotune.toml", {"run_dir": str(stack_cfg.run_dir), "urls": launcher.urls(stack_cfg)},
+                 ports, ports["exporter"], work)
+    loop = DaemonLoop(config_mod.load(work / "slotune.toml"))
+    loop.start()
+    load = None
+    try:
+        stack = launcher.start(stack_cfg)
+    except BaseException:
+        loop.close()
+        raise
+    faults = matrix_faults(stack, ports["sidecar"])
+    if args.faults:
+        wanted = args.faults.split(",")
+        unknown = set(wanted) - {f.name for f in faults}
+        if unknown:
+            raise SystemExit(f"--faults: unknown {', '.join(sorted(unknown))}; known: {', '.join(f.name for f in faults)}")
+        faults = [f for f in faults if f.name in wanted]
+    results = []
+    try:
+        total = 30 + args.runs * len(faults) * (args.baseline_s + args.fault_s) + 30
+        load = subprocess.Popen([sys.executable, "-m", "reference_stack", "load", "--url", stack["query_url"],
+                                 "--rate", str(args.rate), "--duration", str(total)], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        print(f"stack up in {time.time() - t0:.0f} s; warming up 20 s", flush=True)
+        time.sleep(20)
+        for run in range(args.runs):
+            for fault in faults:
+                time.sleep(args.baseline_s)
+                t_on = time.time()
+                fault.inject()
+                try:
+                    time.sleep(args.fault_s)
+                finally:
+                    fault.remove()
+                steps = [s for s in loop.steps if t_on < s[0] <= t_on + args.fault_s + 0.5]
+                r = judge(fault, steps, t_on, args.settle)
+                r["run"] = run
+                results.append(r)
+                print(f"run {run + 1} {fault.name:<9} -> {r['reported']:<32} leaf share {r['leaf_share']:.0%} "
+                      f"detected at window {r['detected_at']} (tail at {r['tail_at']})", flush=True)
+                if args.verbose:
+                    print("   " + "\n   ".join(r["verdicts"]))
+    finally:
+        if load is not None:
+            load.kill()
+            load.wait()
+        loop.close()
+        launcher.stop(stack_cfg.run_dir)
+    print()
+    print(report(results, faults))
+    costs = sorted(loop.step_cost)
+    print(f"\ndaemon step (collect + windows + attribution of {len(loop.daemon.cfg.services)} services): "
+          f"median {costs[len(costs) // 2] * 1e3:.1f} ms, p95 {costs[int(len(costs) * 0.95)] * 1e3:.1f} ms")
+    print(f"whole bench {time.time() - t0:.0f} s on {os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

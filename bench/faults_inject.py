@@ -1,0 +1,184 @@
+"""The faults the attribution matrix injects into a running reference stack,
+one at a time, each with the cause attribution should name. Every fault is a
+real one: CPU hogs, a shaped network queue, settings pushed through the
+stack's control API. inject() and remove() leave the stack as they found it."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HOG = "import os\nos.nice(0)\nwhile True: pass\n"
+
+
+def patch(base_url: str, token_file: str, changes: dict) -> None:
+    """PATCH <base>/admin/config with the bearer token; raises with the service's reason on a refusal."""
+    token = Path(token_file).read_text().strip()
+    req = urllib.request.Request(base_url + "/admin/config", data=json.dumps(changes).encode(), method="PATCH",
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        r.read()
+
+
+@dataclass
+class Fault:
+    name: str
+    what: str                          # how it is made, for the README
+    expected: tuple[tuple[str, str], ...]   # (service, cause) pairs that count as naming it
+    stack: dict = field(default_factory=dict)
+
+    def inject(self) -> None:
+        pass
+
+    def remove(self) -> None:
+        pass
+
+    def correct(self, service: str, cause: str) -> bool:
+        return any(s in (service, "*") and c in (cause, "*") for s, c in self.expected)
+
+
+@dataclass
+class SettingFault(Fault):
+    """Push fault settings to one service, restore the old values after."""
+    target: str = ""
+    fault: dict = field(default_factory=dict)
+    normal: dict = field(default_factory=dict)
+
+    def inject(self) -> None:
+        patch(self.stack["urls"][self.target], self.stack["token_file"], self.fault)
+
+    def remove(self) -> None:
+        patch(self.stack["urls"][self.target], self.stack["token_file"], self.normal)
+
+
+def _tids(pid: int) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
+@dataclass
+class CpuContention(Fault):
+    """Pin the inference server to one CPU and run `hogs` busy loops at nice -10 on it."""
+    target: str = "inference"
+    cpu: int = 1
+    hogs: int = 2
+    procs: list = field(default_factory=list)
+    saved: dict = field(default_factory=dict)
+
+    def inject(self) -> None:
+        pid = self.stack["pids"][self.target]
+        for tid in _tids(pid):
+            try:
+                self.saved[tid] = os.sched_getaffinity(tid)
+                os.sched_setaffinity(tid, {self.cpu})
+            except OSError:
+                pass
+        self.procs = [subprocess.Popen(["taskset", "-c", str(self.cpu), "nice", "-n", "-10", sys.executable, "-c", HOG])
+                      for _ in range(self.hogs)]
+
+    def remove(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait()
+        self.procs = []
+        for tid, cpus in self.saved.items():
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except OSError:
+                pass
+        self.saved = {}
+
+
+def tc(*args: str) -> None:
+    subprocess.run(["tc", *args], check=True, capture_output=True, text=True)
+
+
+@dataclass
+class NetworkQueue(Fault):
+    """A 10 Mbit TBF queue (100 KB) on the loopback path to one port, shared with
+    a bulk TCP flow to a sink, so requests wait behind the bulk data. It must run
+    in the bench's own network namespace: it reshapes that namespace's `lo`."""
+    port: int = 0
+    rate: str = "10mbit"
+    limit: str = "100kb"
+    stop: threading.Event = field(default_factory=threading.Event)
+    threads: list = field(default_factory=list)
+
+    def inject(self) -> None:
+        sink = socket.socket()
+        sink.bind(("127.0.0.1", 0))
+        sink.listen(1)
+        sink_port = sink.getsockname()[1]
+        # HTB only sorts (both classes far faster than the link); the TBF under 1:10 is the queue.
+        # (This kernel has no prio qdisc.)
+        tc("qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "20", "r2q", "100000")
+        for cls in ("1:10", "1:20"):
+            tc("class", "add", "dev", "lo", "parent", "1:", "classid", cls, "htb", "rate", "10gbit")
+        tc("qdisc", "add", "dev", "lo", "parent", "1:10", "handle", "10:", "tbf", "rate", self.rate,
+           "burst", "16kb", "limit", self.limit)
+        for port in (self.port, sink_port):
+            tc("filter", "add", "dev", "lo", "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+               "match", "ip", "dport", str(port), "0xffff", "flowid", "1:10")
+        self.stop.clear()
+        self.threads = [threading.Thread(target=self._drain, args=(sink,), daemon=True),
+                        threading.Thread(target=self._send, args=(sink_port,), daemon=True)]
+        for t in self.threads:
+            t.start()
+
+    def _drain(self, sink: socket.socket) -> None:
+        conn, _ = sink.accept()
+        sink.close()
+        with conn:
+            while not self.stop.is_set() and conn.recv(1 << 16):
+                pass
+
+    def _send(self, port: int) -> None:
+        chunk = b"\0" * (1 << 16)
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.settimeout(0.5)
+            while not self.stop.is_set():
+                try:
+                    s.sendall(chunk)
+                except socket.timeout:
+                    continue
+                except OSError:
+                    return
+
+    def remove(self) -> None:
+        self.stop.set()
+        subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"], capture_output=True)
+        for t in self.threads:
+            t.join(timeout=3)
+        self.threads = []
+
+
+def matrix_faults(stack: dict, sidecar_port: int) -> list[Fault]:
+    """The faults of the matrix, clean first, for a stack started with llm_via_sidecar on."""
+    return [
+        Fault("clean", "no fault", (("", ""),), stack),
+        CpuContention("cpu", "inference pinned to CPU 1 with 2 busy loops at nice -10 there",
+                      (("inference", "runqueue_wait"),), stack),
+        NetworkQueue("network", "gateway -> sidecar traffic through a 10 Mbit TBF (100 KB) shared with a bulk "
+                                "TCP flow, on lo of the bench's own network namespace",
+                     (("gateway", "network_rtt"), ("gateway", "retransmits")), stack, port=sidecar_port),
+        SettingFault("tls", "sidecar reuse_connections=false: a TCP + TLS handshake per request",
+                     (("gateway", "tls_handshake"), ("gateway", "connect")), stack,
+                     target="sidecar", fault={"reuse_connections": False}, normal={"reuse_connections": True}),
+        SettingFault("tool", "search tool: half of its calls wait 400 ms more",
+                     (("search", "*"), ("gateway", "downstream:search"), ("gateway", "tool:search")), stack,
+                     target="search", fault={"tail_prob": 0.5, "tail_ms": 400.0}, normal={"tail_prob": 0.0}),
+        SettingFault("queue", "inference max_queue_delay_ms 5 -> 150",
+                     (("inference", "batch_queue_wait"),), stack,
+                     target="inference", fault={"max_queue_delay_ms": 150.0}, normal={"max_queue_delay_ms": 5.0}),
+        SettingFault("blocking", "gateway blocking_io_ms=25: write+fsync+sleep on the event loop per request",
+                     (("gateway", "blocking_syscalls"),), stack,
+                     target="gateway", fault={"blocking_io_ms": 25.0}, normal={"blocking_io_ms": 0.0}),
+    ]
