@@ -132,7 +132,7 @@ class ControlLoop:
     def _decide(self, sc: ServiceControl, tconf, now: float, recent: list[Window],
                 all_windows: list[Window]) -> list[Entry]:
         policy = tuners.policy(tconf.name, tconf.policy)
-        obs = self._observe(sc, tconf, now, recent)
+        obs = self._observe(sc, tconf, now, recent, all_windows)
         if obs is None:
             return []
         if tconf.name not in sc.states:
@@ -147,9 +147,9 @@ class ControlLoop:
             self.audit.write(entry)
         return entries
 
-    def _observe(self, sc: ServiceControl, tconf, now: float, recent: list[Window]):
+    def _observe(self, sc: ServiceControl, tconf, now: float, recent: list[Window], history: list[Window]):
         if tconf.name == "throttle":
-            return observations.for_throttle(now, recent, sc.conf)
+            return observations.for_throttle(now, recent, sc.conf, history)
         if tconf.name == "batch":
             return observations.for_batch(now, recent, sc.conf)
         if tconf.name == "sampling":

@@ -12,6 +12,8 @@ from tuners import batch, breaker, drift, sampling, throttle
 from daemon.config import ServiceConf
 from daemon.window import Window
 
+MIN_REQUESTS = 5   # a window with fewer says little about a tail
+
 
 @dataclass(frozen=True)
 class Context:
@@ -61,7 +63,20 @@ def _family_hist(windows: list[Window], suffix: str):
     return hist
 
 
-def for_throttle(now, windows, conf: ServiceConf) -> throttle.Observation:
+def queue_p99(windows: list[Window], history: list[Window]) -> float:
+    """How long requests waited for their turn, at the tail: the service's own queue-wait
+    histogram when it exports one, else P99 above the lowest P99 it showed lately (its
+    no-load tail, as Vegas estimates queueing from RTT over the no-load RTT)."""
+    own = _family_hist(windows, "_queue_wait_seconds")
+    if own is not None and own.count:
+        return _q(own, 0.99)
+    tails = [w.p(0.99) for w in history if w.requests >= MIN_REQUESTS and math.isfinite(w.p(0.99))]
+    if not tails:
+        return 0.0
+    return max(0.0, _q(_merged(windows), 0.99) - min(tails))
+
+
+def for_throttle(now, windows, conf: ServiceConf, history: list[Window]) -> throttle.Observation:
     hist, secs = _merged(windows), _seconds(windows)
     completed = sum(w.requests for w in windows) / secs
     in_flight = _gauge_max(windows, "_inflight_requests")
@@ -71,7 +86,8 @@ def for_throttle(now, windows, conf: ServiceConf) -> throttle.Observation:
         now=now, slo_s=conf.spec.slo_p99_s, p50_s=_q(hist, 0.5), p90_s=_q(hist, 0.9), p99_s=_q(hist, 0.99),
         arrival_rps=sum(w.requests + w.rejected for w in windows) / secs, completed_rps=completed,
         goodput_rps=sum(w.goodput * w.seconds for w in windows) / secs,
-        rejected_rps=sum(w.rejected for w in windows) / secs, in_flight=float(in_flight))
+        rejected_rps=sum(w.rejected for w in windows) / secs, in_flight=float(in_flight),
+        queue_p99_s=queue_p99(windows, history))
 
 
 def for_batch(now, windows, conf: ServiceConf) -> batch.Observation:

@@ -1,0 +1,161 @@
+"""The real daemon (`slotune run`, its own process) against a real reference
+stack: a config writer, a running-daemon handle, and the stack fixture."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from reference_stack import launcher
+from reference_stack.client import StackClient
+from tests.conftest import ROOT
+
+
+def daemon_config(state: dict, exporter_port: int, work: Path, *, gateway_slo_ms=600, inference_slo_ms=500,
+                  gateway_tuners="", inference_tuners="", control_url: str | None = None) -> str:
+    ports, token = state["ports"], state["token_file"]
+    gateway_control = control_url or f"http://127.0.0.1:{ports['gateway']}/admin/config"
+    return f"""
+[daemon]
+exporter_address = "127.0.0.1:{exporter_port}"
+baseline_store = "{work}/baselines.sqlite"
+audit_log = "{work}/audit.jsonl"
+tune_interval_s = 2.0
+
+[services.gateway]
+cmdline = "reference_stack gateway"
+port = {ports['gateway']}
+slo_p99_ms = {gateway_slo_ms}
+metrics_url = "http://127.0.0.1:{ports['gateway']}/metrics"
+latency_metric = "gateway_request_duration_seconds"
+downstream = ["inference"]
+[services.gateway.control]
+kind = "reference"
+url = "{gateway_control}"
+token_file = "{token}"
+{gateway_tuners}
+[services.gateway.settings.concurrency_limit]
+min = 2
+max = 128
+max_step = 16
+integer = true
+[services.gateway.settings.blocking_io_ms]
+min = 0
+max = 500
+max_step = 500
+
+[services.inference]
+cmdline = "reference_stack inference"
+port = {ports['inference']}
+slo_p99_ms = {inference_slo_ms}
+metrics_url = "http://127.0.0.1:{ports['inference']}/metrics"
+latency_metric = "inference_request_duration_seconds"
+[services.inference.control]
+kind = "reference"
+url = "http://127.0.0.1:{ports['inference']}/admin/config"
+token_file = "{token}"
+{inference_tuners}
+[services.inference.settings.max_batch_size]
+min = 1
+max = 32
+max_step = 8
+integer = true
+[services.inference.settings.max_queue_delay_ms]
+min = 0
+max = 20
+max_step = 5
+"""
+
+
+@dataclass
+class RunningDaemon:
+    proc: subprocess.Popen
+    url: str
+    work: Path
+
+    def status(self) -> dict:
+        with urllib.request.urlopen(self.url + "/status", timeout=3) as resp:
+            return json.loads(resp.read())
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=3) as resp:
+            return resp.read().decode()
+
+    def audit(self) -> list[dict]:
+        path = self.work / "audit.jsonl"
+        return [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
+
+    def log(self) -> str:
+        return (self.work / "daemon.log").read_text()
+
+    def stop(self, sig=signal.SIGTERM, timeout=20) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=timeout)
+
+
+def start_daemon(config_text: str, work: Path, exporter_port: int, *extra) -> RunningDaemon:
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "slotune.toml").write_text(config_text)
+    log = open(work / "daemon.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "daemon.cli", "run", "--config", str(work / "slotune.toml"), *extra],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    log.close()
+    d = RunningDaemon(proc, f"http://127.0.0.1:{exporter_port}", work)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            d.status()
+            return d
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"slotune run did not come up; its log:\n{d.log()[-3000:]}")
+            time.sleep(0.3)
+
+
+@pytest.fixture
+def daemon_factory(tmp_path):
+    started: list[RunningDaemon] = []
+
+    def make(config_for, *extra, name="daemon") -> RunningDaemon:
+        """config_for(exporter_port, work_dir) -> TOML text."""
+        port, work = launcher.free_ports(1)[0], tmp_path / name
+        d = start_daemon(config_for(port, work), work, port, *extra)
+        started.append(d)
+        return d
+    yield make
+    for d in started:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """The default model (so that load can pass its capacity), batch 1 to start with."""
+    cfg = launcher.StackConfig.on_free_ports(
+        tmp_path_factory.mktemp("e2e-stack"),
+        settings={"inference": {"max_batch_size": 1}, "gateway": {"concurrency_limit": 64}})
+    state = launcher.start(cfg)
+    try:
+        yield StackClient(state)
+    finally:
+        launcher.stop(cfg.run_dir)
+
+
+@pytest.fixture
+def fresh_settings(stack):
+    """Each test starts from the same settings and leaves them so."""
+    initial = {"gateway": stack.settings("gateway"), "inference": stack.settings("inference")}
+    yield initial
+    stack.patch("gateway", concurrency_limit=64, blocking_io_ms=0)
+    stack.patch("inference", max_batch_size=1, max_queue_delay_ms=initial["inference"]["max_queue_delay_ms"])
+

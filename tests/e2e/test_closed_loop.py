@@ -1,0 +1,67 @@
+"""The whole loop: a load step past capacity makes the daemon's throttle and
+batch tuners push new settings to the real stack and bring P99 back under the
+SLO; less load relaxes them; --dry-run pushes nothing."""
+import re
+import threading
+import time
+
+from reference_stack import loadgen
+from tests.e2e.conftest import daemon_config
+
+TUNERS_GATEWAY = "[services.gateway.tuners.throttle]\ninterval_s = 1.0\n"
+TUNERS_INFERENCE = "[services.inference.tuners.batch]\ninterval_s = 3.0\n"
+HIGH_RPS, HIGH_S, LOW_RPS, LOW_S = 60.0, 36.0, 6.0, 20.0
+
+
+def drive(stack, daemon, phases):
+    """Run load phases in the background; sample /status and the stack's settings every second."""
+    trace, done = [], threading.Event()
+
+    def load():
+        for rate, seconds in phases:
+            loadgen.run_load(stack.state["query_url"], rate, seconds, seed=int(rate))
+        done.set()
+
+    threading.Thread(target=load, daemon=True).start()
+    t0 = time.time()
+    while not done.is_set():
+        s = daemon.status()["services"]
+        trace.append({"t": time.time() - t0, "gateway_p99": s["gateway"]["p99_s"],
+                      "limit": stack.settings("gateway")["concurrency_limit"],
+                      "batch": stack.settings("inference")["max_batch_size"]})
+        time.sleep(1.0)
+    return trace
+
+
+def test_load_step_pushes_settings_brings_p99_back_and_relaxes(stack, daemon_factory, fresh_settings):
+    d = daemon_factory(lambda port, work: daemon_config(stack.state, port, work, gateway_slo_ms=800,
+                                                  gateway_tuners=TUNERS_GATEWAY, inference_tuners=TUNERS_INFERENCE))
+    trace = drive(stack, d, [(HIGH_RPS, HIGH_S), (LOW_RPS, LOW_S)])
+    high = [r for r in trace if r["t"] < HIGH_S]
+    low = [r for r in trace if r["t"] >= HIGH_S + 5]
+    slo = 0.8
+    assert max(r["gateway_p99"] or 0 for r in high[:15]) > slo, "the step never pushed P99 over the SLO"
+    late = [r["gateway_p99"] for r in high[-8:] if r["gateway_p99"] is not None]
+    assert sorted(late)[len(late) // 2] <= slo, f"P99 not back under the SLO late in the step: {late}"
+    assert min(r["limit"] for r in high) < 64 and max(r["batch"] for r in high) > 1
+    assert low[-1]["limit"] > min(r["limit"] for r in high), "less load did not relax the concurrency limit"
+    logs = {name: (stack.run_dir / f"{name}.log").read_text() for name in ("gateway", "inference")}
+    assert "concurrency_limit" in logs["gateway"] and "max_batch_size" in logs["inference"]
+    pushed = [e for e in d.audit() if e["outcome"] == "pushed"]
+    assert {e["setting"] for e in pushed} >= {"concurrency_limit", "max_batch_size"}
+    bounds = {"concurrency_limit": (2, 128), "max_batch_size": (1, 32), "max_queue_delay_ms": (0, 20)}
+    assert all(bounds[e["setting"]][0] <= e["new"] <= bounds[e["setting"]][1] for e in pushed)
+
+
+def test_dry_run_decides_but_pushes_nothing(stack, daemon_factory, fresh_settings):
+    d = daemon_factory(lambda port, work: daemon_config(stack.state, port, work, gateway_slo_ms=800,
+                                                        gateway_tuners=TUNERS_GATEWAY,
+                                                        inference_tuners=TUNERS_INFERENCE), "--dry-run")
+    drive(stack, d, [(HIGH_RPS, 12.0)])
+    outcomes = {e["outcome"] for e in d.audit()}
+    assert "dry-run" in outcomes and "pushed" not in outcomes
+    assert stack.settings("gateway")["concurrency_limit"] == 64
+    assert stack.settings("inference")["max_batch_size"] == 1
+    assert d.status()["dry_run"] is True
+    assert re.search(r'slotune_tuner_decisions_total\{[^}]*outcome="dry_run"[^}]*\} [1-9]', d.metrics())
+
