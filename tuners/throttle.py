@@ -29,7 +29,8 @@ class Observation:
     goodput_rps: float    # completed within the SLO
     rejected_rps: float   # refused by the limiter
     in_flight: float      # peak requests in flight during the window
-    queue_p99_s: float = 0.0  # P99 of the time admitted requests waited in the service's queue
+    queue_p99_s: float | None = None  # P99 of the time admitted requests waited in the service's
+    #                                   queue; None when unmeasured (slotune then treats all of P99 as queue)
 
 
 def _idle(obs: Observation) -> bool:
@@ -191,16 +192,17 @@ TARGET = 0.8  # aim P99 at 80 % of the SLO
 def _slotune_decide(state: SlotuneState, obs: Observation):
     if _idle(obs):
         return state, Decision({}, "no completed requests")
-    service_tail = max(0.0, obs.p99_s - obs.queue_p99_s)
+    queue = obs.p99_s if obs.queue_p99_s is None else obs.queue_p99_s
+    service_tail = max(0.0, obs.p99_s - queue)
     budget = max(TARGET * obs.slo_s - service_tail, 0.25 * service_tail)  # queue wait the SLO allows
     binding = obs.rejected_rps > 0 or obs.in_flight >= 0.9 * state.limit
     slack = 0.1 * budget
-    if obs.queue_p99_s > budget:
-        factor = clamp((budget + slack) / (obs.queue_p99_s + slack), 0.5, 0.95)
-        why = f"queue P99 {obs.queue_p99_s * 1e3:.0f} ms over its {budget * 1e3:.0f} ms budget: x{factor:.2f}"
+    if queue > budget:
+        factor = clamp((budget + slack) / (queue + slack), 0.5, 0.95)
+        why = f"queue P99 {queue * 1e3:.0f} ms over its {budget * 1e3:.0f} ms budget: x{factor:.2f}"
     elif binding:
-        factor = clamp((budget + slack) / (obs.queue_p99_s + slack), 1.0, 1.1)
-        why = f"limit binding, queue P99 {obs.queue_p99_s * 1e3:.0f} ms within {budget * 1e3:.0f} ms: x{factor:.2f}"
+        factor = clamp((budget + slack) / (queue + slack), 1.0, 1.1)
+        why = f"limit binding, queue P99 {queue * 1e3:.0f} ms within {budget * 1e3:.0f} ms: x{factor:.2f}"
     else:
         factor = 1.0
         why = "limit not binding"

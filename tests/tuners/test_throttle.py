@@ -75,6 +75,15 @@ def test_slotune_cuts_on_queue_over_budget_and_grows_when_binding():
     assert d.changes == {}                                           # not binding: hold
 
 
+def test_slotune_without_a_queue_measurement_steers_p99_to_80_percent_of_the_slo():
+    sl = P["slotune"]
+    s = sl.initial_state({"concurrency_limit": 40})
+    _, d = sl.decide(s, obs(p99=0.3, queue_p99=None, in_flight=40))    # (0.24+0.024)/(0.3+0.024)
+    assert math.isclose(d.changes["concurrency_limit"], 40 * 0.264 / 0.324)
+    _, d = sl.decide(s, obs(p99=0.2, queue_p99=None, in_flight=40))    # under 0.24, binding: x1.1 at most
+    assert math.isclose(d.changes["concurrency_limit"], 44.0)
+
+
 def test_policies_are_pure():
     seq = [obs(now=t, p50=0.05 * t, p99=0.1 * t, queue_p99=0.02 * t, in_flight=30) for t in range(1, 6)]
     assert_pure(P, {"concurrency_limit": 30.0, "rate_limit_rps": 100.0}, seq)
