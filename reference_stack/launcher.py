@@ -24,6 +24,8 @@ from .tools import TOOLS
 
 ROOT = Path(__file__).resolve().parents[1]
 STATE_FILE = "state.json"
+# inference_args for a model small enough that tests on a busy 2-core machine stay quick.
+SMALL_MODEL = ["--device", "cpu", "--d-model", "64", "--layers", "2", "--heads", "4", "--max-new-tokens", "4"]
 
 
 @dataclass

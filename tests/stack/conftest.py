@@ -41,8 +41,7 @@ def stack(tmp_path_factory):
     cfg = launcher.StackConfig.on_free_ports(
         tmp_path_factory.mktemp("stack"),
         # Small and quick for tests; a short breaker cooldown so a test can wait it out.
-        inference_args=["--device", "cpu", "--d-model", "64", "--layers", "2", "--heads", "4",
-                        "--max-new-tokens", "4"],
+        inference_args=launcher.SMALL_MODEL,
         settings={"gateway": {"breaker_open_s": 1}})
     state = launcher.start(cfg)
     try:
