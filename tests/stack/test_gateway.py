@@ -21,6 +21,18 @@ def test_chitchat_skips_the_tools_and_the_caches(stack):
     assert body["tools"] == [] and body["cache"] is None and body["answer"]
 
 
+def test_intent_threshold_decides_who_gets_tools(stack):
+    stack.patch("gateway", intent_threshold=1.0)
+    try:
+        strict = stack.query("what is the weather in Santiago")[1]
+        stack.patch("gateway", intent_threshold=0.0)
+        lax = stack.query("have a good day")[1]
+    finally:
+        stack.patch("gateway", intent_threshold=0.82)
+    assert strict["tools"] == [] and strict["cache"] is None
+    assert lax["cache"] == "miss" and [c["tool"] for c in lax["tools"]] == ["search"]   # no plan: a search
+
+
 def test_cache_levels_lru_then_redis_then_vector(stack):
     query = "compare the weather in Vienna and Dublin"
     status, first = stack.query(query)
