@@ -120,19 +120,6 @@ def test_rate_limit_refuses_with_429(stack):
     assert all("rate limited" in body["error"] for status, body in results if status == 429)
 
 
-def test_concurrency_limit_refuses_with_429_past_the_limit(stack):
-    limited_before = stack.metric("gateway", "gateway_concurrency_limited_total")
-    stack.patch("gateway", concurrency_limit=1)
-    try:
-        results = stack.concurrently(stack.query, ["hello"] * 8)
-    finally:
-        stack.patch("gateway", concurrency_limit=0)
-    codes = sorted(status for status, _ in results)
-    assert 200 in codes and 429 in codes, codes
-    assert stack.metric("gateway", "gateway_concurrency_limited_total") - limited_before == codes.count(429)
-    assert all("concurrency limit" in body["error"] for status, body in results if status == 429)
-
-
 def test_slow_requests_keep_their_trace_even_when_not_sampled(stack):
     stack.patch("gateway", trace_sample_rate=0.0, trace_keep_slower_than_s=1e-6)
     try:
@@ -142,6 +129,7 @@ def test_slow_requests_keep_their_trace_even_when_not_sampled(stack):
     finally:
         stack.patch("gateway", trace_sample_rate=0.1, trace_keep_slower_than_s=0)
     assert "trace_id" in slow and "trace_id" not in fast
+    assert slow["trace_id"] in next(stack.run_dir.glob("gateway-*-traces.jsonl")).read_text()
 
 
 def test_concurrency_limit_refuses_with_429(stack):
@@ -157,20 +145,6 @@ def test_concurrency_limit_refuses_with_429(stack):
     assert 200 in codes and 429 in codes, codes
     assert stack.metric("gateway", "gateway_concurrency_limited_total") - limited_before == codes.count(429)
     assert all("concurrency limit: 1" in body["error"] for status, body in results if status == 429)
-
-
-def test_slow_traces_are_kept_whatever_the_sample_rate(stack):
-    stack.patch("search", latency_ms=600, latency_sigma=0)
-    stack.patch("gateway", trace_sample_rate=0.0, trace_keep_slower_than_s=0.4)
-    try:
-        slow = stack.query("search for jazz history and more")[1]
-        fast = stack.query("good evening")[1]
-    finally:
-        stack.patch("gateway", trace_sample_rate=0.1, trace_keep_slower_than_s=0.0)
-        stack.patch("search", latency_ms=40, latency_sigma=0.3)
-    assert "trace_id" in slow and "trace_id" not in fast, (slow, fast)
-    traces = next(stack.run_dir.glob("gateway-*-traces.jsonl")).read_text()
-    assert slow["trace_id"] in traces
 
 
 def test_trace_sampling_follows_its_setting(stack):
