@@ -19,7 +19,8 @@ from daemon.window import Window
 log = logging.getLogger(__name__)
 ROLLBACK_WORSE = 1.25      # P99 this much worse than before the change ...
 LOAD_CHANGED = 1.25        # ... under an offered load within this factor of before
-HOLD_INTERVALS = 3         # a rolled-back setting is left alone this many intervals
+HOLD_INTERVALS = 3         # a rolled-back setting is left alone this many intervals,
+MAX_HOLD_S = 3600.0        # doubling with each rollback up to an hour
 MAX_BACKOFF_S = 60.0
 DRIFT_METRIC = "latency_p99_seconds"
 
@@ -54,6 +55,7 @@ class ServiceControl:
     last_decision: dict[str, float] = field(default_factory=dict)
     last_change: dict[str, float] = field(default_factory=dict)
     held_until: dict[str, float] = field(default_factory=dict)
+    rollbacks: dict[str, int] = field(default_factory=dict)
     pending: list[Pending] = field(default_factory=list)
     retry_at: float = 0.0
     backoff_s: float = 1.0
@@ -225,7 +227,9 @@ class ControlLoop:
             except ActuatorError as exc:
                 outcome = f"rollback failed: {exc}"
             sc.last_change[p.setting] = now
-            sc.held_until[p.setting] = now + HOLD_INTERVALS * p.interval_s
+            sc.rollbacks[p.setting] = sc.rollbacks.get(p.setting, 0) + 1
+            hold = HOLD_INTERVALS * p.interval_s * 2 ** (sc.rollbacks[p.setting] - 1)
+            sc.held_until[p.setting] = now + min(hold, MAX_HOLD_S)
             entry = Entry(now, sc.conf.name, p.tuner, p.setting, p.new, p.old, why, outcome)
             self.audit.write(entry)
             entries.append(entry)
