@@ -14,7 +14,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HOG = "import os\nos.nice(0)\nwhile True: pass\n"
+HOG = "while True: pass\n"
 
 
 def patch(base_url: str, token_file: str, changes: dict) -> None:
@@ -64,37 +64,90 @@ def _tids(pid: int) -> list[int]:
         return []
 
 
+def _autogroup_nice(pid: int, nice: int) -> int | None:
+    """Set the nice of a process's scheduler autogroup (its session); returns the old one,
+    None where the kernel has no autogroups. With autogroups on, CPU time is shared
+    between sessions first, so a task's own nice only counts inside its session."""
+    path = Path(f"/proc/{pid}/autogroup")
+    try:
+        old = int(path.read_text().split("nice")[-1])
+        path.write_text(str(nice))
+        return old
+    except (OSError, ValueError):
+        return None
+
+
 @dataclass
 class CpuContention(Fault):
-    """Pin the inference server to one CPU and run `hogs` busy loops at nice -10 on it."""
+    """Pin the inference server to one CPU at nice 8 (its threads and its autogroup)
+    beside a busy loop at nice 0 in a session of its own: it then gets about 14 % of
+    that CPU (weights 172 vs 1024), a little more than it needs, and waits for the
+    loop's slices. The rest of the machine keeps the other CPU, so the daemon and
+    the load go on."""
     target: str = "inference"
     cpu: int = 1
-    hogs: int = 2
+    nice: int = 8
     procs: list = field(default_factory=list)
     saved: dict = field(default_factory=dict)
+    autogroup_nice: int | None = None
 
     def inject(self) -> None:
         pid = self.stack["pids"][self.target]
+        self.autogroup_nice = _autogroup_nice(pid, self.nice)
         for tid in _tids(pid):
             try:
-                self.saved[tid] = os.sched_getaffinity(tid)
+                self.saved[tid] = (os.sched_getaffinity(tid), os.getpriority(os.PRIO_PROCESS, tid))
                 os.sched_setaffinity(tid, {self.cpu})
+                os.setpriority(os.PRIO_PROCESS, tid, self.nice)
             except OSError:
                 pass
-        self.procs = [subprocess.Popen(["taskset", "-c", str(self.cpu), "nice", "-n", "-10", sys.executable, "-c", HOG])
-                      for _ in range(self.hogs)]
+        self.procs = [subprocess.Popen(["taskset", "-c", str(self.cpu), sys.executable, "-c", HOG],
+                                       start_new_session=True)]
 
     def remove(self) -> None:
         for p in self.procs:
             p.kill()
             p.wait()
         self.procs = []
-        for tid, cpus in self.saved.items():
+        if self.autogroup_nice is not None:
+            _autogroup_nice(self.stack["pids"][self.target], self.autogroup_nice)
+        for tid, (cpus, nice) in self.saved.items():
             try:
                 os.sched_setaffinity(tid, cpus)
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
             except OSError:
                 pass
         self.saved = {}
+
+
+@dataclass
+class SlowTool(SettingFault):
+    """A tool's heavy tail, with the gateway's tool-result caches flushed every second
+    so that queries reach the tools (warm caches answer nearly all of them)."""
+    stop: threading.Event = field(default_factory=threading.Event)
+    flusher: threading.Thread | None = None
+
+    def inject(self) -> None:
+        super().inject()
+        self.stop.clear()
+        self.flusher = threading.Thread(target=self._flush, daemon=True)
+        self.flusher.start()
+
+    def _flush(self) -> None:
+        token = Path(self.stack["token_file"]).read_text().strip()
+        while not self.stop.wait(1.0):
+            req = urllib.request.Request(self.stack["urls"]["gateway"] + "/admin/cache/flush", method="POST",
+                                         data=b'{"level": "all"}', headers={"Authorization": f"Bearer {token}"})
+            try:
+                urllib.request.urlopen(req, timeout=2).read()
+            except OSError:
+                pass
+
+    def remove(self) -> None:
+        self.stop.set()
+        if self.flusher is not None:
+            self.flusher.join(timeout=5)
+        super().remove()
 
 
 def tc(*args: str) -> None:
@@ -103,11 +156,11 @@ def tc(*args: str) -> None:
 
 @dataclass
 class NetworkQueue(Fault):
-    """A 10 Mbit TBF queue (100 KB) on the loopback path to one port, shared with
+    """A 4 Mbit TBF queue (100 KB: up to 200 ms) on the loopback path to one port, shared with
     a bulk TCP flow to a sink, so requests wait behind the bulk data. It must run
     in the bench's own network namespace: it reshapes that namespace's `lo`."""
     port: int = 0
-    rate: str = "10mbit"
+    rate: str = "4mbit"
     limit: str = "100kb"
     stop: threading.Event = field(default_factory=threading.Event)
     threads: list = field(default_factory=list)
@@ -164,15 +217,15 @@ def matrix_faults(stack: dict, sidecar_port: int) -> list[Fault]:
     """The faults of the matrix, clean first, for a stack started with llm_via_sidecar on."""
     return [
         Fault("clean", "no fault", (("", ""),), stack),
-        CpuContention("cpu", "inference pinned to CPU 1 with 2 busy loops at nice -10 there",
+        CpuContention("cpu", "inference pinned to CPU 1 at nice 8 (threads and autogroup) beside a busy loop at nice 0",
                       (("inference", "runqueue_wait"),), stack),
-        NetworkQueue("network", "gateway -> sidecar traffic through a 10 Mbit TBF (100 KB) shared with a bulk "
+        NetworkQueue("network", "gateway -> sidecar traffic through a 4 Mbit TBF (100 KB) shared with a bulk "
                                 "TCP flow, on lo of the bench's own network namespace",
                      (("gateway", "network_rtt"), ("gateway", "retransmits")), stack, port=sidecar_port),
         SettingFault("tls", "sidecar reuse_connections=false: a TCP + TLS handshake per request",
                      (("gateway", "tls_handshake"), ("gateway", "connect")), stack,
                      target="sidecar", fault={"reuse_connections": False}, normal={"reuse_connections": True}),
-        SettingFault("tool", "search tool: half of its calls wait 400 ms more",
+        SlowTool("tool", "search tool: half of its calls wait 400 ms more (gateway caches flushed each second)",
                      (("search", "*"), ("gateway", "downstream:search"), ("gateway", "tool:search")), stack,
                      target="search", fault={"tail_prob": 0.5, "tail_ms": 400.0}, normal={"tail_prob": 0.0}),
         SettingFault("queue", "inference max_queue_delay_ms 5 -> 150",

@@ -20,7 +20,7 @@ tail is):
   beyond its noise band). The growth is split in
   proportion to those rises; where the rises add up to less than the growth
   they are scaled up at most TAIL_GAIN times (a stall of the event loop
-  delays every request queued behind it, so the tail gains more than the
+  delays every request queued behind it, so the tail gains several times the
   mean), and whatever is left stays unexplained.
 - shares = credited seconds / excess. A downstream service's share is split
   again by its own explanation, so the answer names a path.
@@ -42,7 +42,8 @@ from daemon import attribution_causes as causes
 from daemon.window import Window
 
 DOMINANT_SHARE = 0.2     # a cause above this share of the excess is named
-TAIL_GAIN = 4.0          # most the tail may exceed the sum of the causes' mean rises
+TAIL_GAIN = 10.0         # most the tail may exceed the sum of the causes' mean rises: behind a
+                         # stall the P99 wait of a queue at 60 % load is ~4.6 S/(1-rho) = 11.5 S
 NOISE_SIGMAS = 2.0
 NOISE_FLOOR_RATIO = 0.05  # growth under 5 % of the baseline P99 is noise
 NOISE_FLOOR_S = 0.0005
