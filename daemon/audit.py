@@ -20,7 +20,7 @@ class Entry:
     old: float | None
     new: float | None
     reason: str
-    outcome: str   # pushed | dry-run | held | clamped+pushed | push failed: ... | rolled back | kept
+    outcome: str   # pushed | dry-run | held: ... | refused: ... | push failed: ... | kept | rolled back
 
     def line(self) -> str:
         return f"{self.service}.{self.setting}: {self.old} -> {self.new} ({self.outcome}) because {self.reason}"

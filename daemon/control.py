@@ -56,6 +56,7 @@ class ServiceControl:
     last_change: dict[str, float] = field(default_factory=dict)
     held_until: dict[str, float] = field(default_factory=dict)
     rollbacks: dict[str, int] = field(default_factory=dict)
+    stopped: set[str] = field(default_factory=set)     # tuners that cannot run on this service
     pending: list[Pending] = field(default_factory=list)
     retry_at: float = 0.0
     backoff_s: float = 1.0
@@ -103,6 +104,8 @@ class ControlLoop:
                 continue
             entries += self._judge(sc, now, windows)
             for tconf in sc.conf.tuners:
+                if tconf.name in sc.stopped:
+                    continue
                 if now - sc.last_decision.get(tconf.name, -math.inf) < tconf.interval_s:
                     continue
                 since = sc.last_decision.get(tconf.name, now - tconf.interval_s)
@@ -137,9 +140,16 @@ class ControlLoop:
         obs = self._observe(sc, tconf, now, recent, all_windows)
         if obs is None:
             return []
-        if tconf.name not in sc.states:
-            sc.states[tconf.name] = policy.initial_state(dict(sc.settings))
-        sc.states[tconf.name], decision = policy.decide(sc.states[tconf.name], obs)
+        try:
+            if tconf.name not in sc.states:
+                sc.states[tconf.name] = policy.initial_state(dict(sc.settings))
+            sc.states[tconf.name], decision = policy.decide(sc.states[tconf.name], obs)
+        except ValueError as exc:   # e.g. the service has no such setting: stop this tuner, keep the rest
+            log.error("service %s: tuner %s stopped: %s", sc.conf.name, tconf.name, exc)
+            sc.stopped.add(tconf.name)
+            entry = Entry(now, sc.conf.name, tconf.name, "-", None, None, str(exc), "refused: tuner stopped")
+            self.audit.write(entry)
+            return [entry]
         if tconf.name == "drift":
             return self._drift(sc, now, obs, decision)
         entries = [self._apply(sc, tconf, now, setting, wanted, decision.reason, recent)
@@ -215,10 +225,14 @@ class ControlLoop:
             p99, load = merged_p99(after)
             similar = load <= p.before_load * LOAD_CHANGED
             worse = math.isfinite(p99) and p99 > max(p.before_p99 * ROLLBACK_WORSE, sc.conf.spec.slo_p99_s)
-            if not (worse and similar):
-                continue
             why = (f"P99 {p99 * 1e3:.0f} ms after the change vs {p.before_p99 * 1e3:.0f} ms before, "
                    f"load {load:.1f}/s vs {p.before_load:.1f}/s")
+            if not (worse and similar):
+                verdict = "kept: load changed too much to judge" if worse else "kept"
+                entry = Entry(now, sc.conf.name, p.tuner, p.setting, p.old, p.new, why, verdict)
+                self.audit.write(entry)
+                entries.append(entry)
+                continue
             outcome = "rolled back"
             try:
                 if not self.dry_run:

@@ -16,7 +16,7 @@ QUANTILES = (0.5, 0.95, 0.99)
 
 
 def outcome_class(outcome: str) -> str:
-    for prefix in ("pushed", "dry-run", "held", "refused", "rolled back", "rollback failed", "push failed"):
+    for prefix in ("pushed", "dry-run", "held", "refused", "rolled back", "rollback failed", "push failed", "kept"):
         if outcome.startswith(prefix):
             return prefix.replace(" ", "_").replace("-", "_")
     return "other"

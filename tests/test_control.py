@@ -109,3 +109,14 @@ def test_control_surface_down_means_observe_only_with_back_off():
     assert not sc.reachable and sc.retry_at == pytest.approx(2.0)
     control.tick(2.0, {"api": [window(2.0, 0.5)]})
     assert sc.retry_at == pytest.approx(4.0)     # 1 s, then 2 s, doubling to 60 s
+
+
+def test_a_tuner_that_cannot_run_on_a_service_stops_alone_and_says_why(tmp_path):
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"unrelated": 1}))     # no rate_limit_rps: the tuner cannot start
+    conf = service_conf(path)
+    audit = AuditLog(tmp_path / "audit.jsonl")
+    control = ControlLoop(Config(path="t", services=(conf,)), {"api": FileActuator(str(path))}, audit, False)
+    entries = control.tick(1.0, {"api": [window(1.0, 0.5)]})
+    assert entries[0].outcome == "refused: tuner stopped" and "rate_limit_rps" in entries[0].reason
+    assert control.tick(3.0, {"api": [window(3.0, 0.5)]}) == []
