@@ -1,0 +1,116 @@
+"""The daemon's own cost: CPU and RSS of `slotune run` (all probe families
+loaded) idle and while the reference stack serves load, side by side with the
+stack's own CPU, and the daemon's RSS over a longer run (is it flat?).
+
+    python -m bench.daemon_footprint [--idle-s 20] [--load-s 30] [--rate 15] [--long-s 0]"""
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+
+import psutil
+
+from daemon.demo import daemon_config
+from reference_stack import launcher, loadgen
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cpu_seconds(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def measure(daemon: psutil.Process, stack: list[psutil.Process], seconds: float) -> dict:
+    """CPU (percent of one core) of the daemon and of the stack over `seconds`, and the daemon's RSS."""
+    d0, s0, t0 = cpu_seconds([daemon]), cpu_seconds(stack), time.monotonic()
+    rss = []
+    while time.monotonic() - t0 < seconds:
+        rss.append(daemon.memory_info().rss)
+        time.sleep(1.0)
+    dt = time.monotonic() - t0
+    return {"daemon_cpu": 100 * (cpu_seconds([daemon]) - d0) / dt, "stack_cpu": 100 * (cpu_seconds(stack) - s0) / dt,
+            "rss_mib": max(rss) / 2**20}
+
+
+def wait_up(url: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            urllib.request.urlopen(url + "/status", timeout=2).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the daemon did not come up (exit {proc.poll()})")
+            time.sleep(0.5)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--idle-s", type=float, default=20.0)
+    ap.add_argument("--load-s", type=float, default=30.0)
+    ap.add_argument("--rate", type=float, default=15.0, help="queries/s through the gateway during the load phase")
+    ap.add_argument("--long-s", type=float, default=0.0, help="then sample the daemon's RSS this long (600 = 10 min)")
+    args = ap.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="slotune-footprint-"))
+    cfg = launcher.StackConfig.on_free_ports(work / "stack")
+    state = launcher.start(cfg)
+    daemon = None
+    try:
+        port = launcher.free_ports(1)[0]
+        (work / "slotune.toml").write_text(daemon_config(state, port, work))
+        log = open(work / "daemon.log", "ab")
+        daemon = subprocess.Popen([sys.executable, "-m", "daemon.cli", "run", "--config", str(work / "slotune.toml"),
+                                   "--dry-run"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        wait_up(f"http://127.0.0.1:{port}", daemon)
+        dproc = psutil.Process(daemon.pid)
+        stack = [psutil.Process(pid) for name, pid in state["pids"].items() if name != "redis"]
+        time.sleep(5.0)  # past start-up (BPF compile, first scans)
+        idle = measure(dproc, stack, args.idle_s)
+        loader = threading.Thread(target=loadgen.run_load, args=(state["query_url"], args.rate, args.load_s + 2))
+        loader.start()
+        time.sleep(1.0)
+        busy = measure(dproc, stack, args.load_s)
+        loader.join()
+        print(f"slotune daemon footprint, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
+              f"all probe families, 1 s windows, dry-run; {psutil.cpu_count()} CPUs")
+        print(f"{'phase':<22} {'daemon CPU %':>13} {'stack CPU %':>12} {'daemon/stack':>13} {'daemon RSS MiB':>15}")
+        for name, m in ((f"idle ({args.idle_s:.0f} s)", idle), (f"load {args.rate:.0f} q/s ({args.load_s:.0f} s)", busy)):
+            ratio = m["daemon_cpu"] / m["stack_cpu"] if m["stack_cpu"] > 0 else float("nan")
+            print(f"{name:<22} {m['daemon_cpu']:>13.1f} {m['stack_cpu']:>12.1f} {ratio:>13.3f} {m['rss_mib']:>15.1f}")
+        if args.long_s > 0:
+            samples = []
+            t0 = time.monotonic()
+            loader = threading.Thread(target=loadgen.run_load, args=(state["query_url"], args.rate / 2, args.long_s))
+            loader.start()
+            while time.monotonic() - t0 < args.long_s:
+                samples.append(dproc.memory_info().rss / 2**20)
+                time.sleep(10.0)
+            loader.join()
+            print(f"RSS over {args.long_s:.0f} s at {args.rate / 2:.0f} q/s: first {samples[0]:.1f} MiB, "
+                  f"last {samples[-1]:.1f} MiB, max {max(samples):.1f} MiB "
+                  f"(growth {samples[-1] - samples[0]:+.1f} MiB)")
+    finally:
+        if daemon is not None and daemon.poll() is None:
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait(timeout=20)
+        launcher.stop(cfg.run_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
