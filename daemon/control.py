@@ -14,7 +14,7 @@ from daemon import observations
 from daemon.actuators import Actuator, ActuatorError
 from daemon.audit import AuditLog, Entry
 from daemon.config import Bounds, Config, ServiceConf
-from daemon.window import Window
+from daemon.window import Window, merged_latency
 
 log = logging.getLogger(__name__)
 ROLLBACK_WORSE = 1.25      # P99 this much worse than before the change ...
@@ -65,12 +65,9 @@ class ServiceControl:
 
 def merged_p99(windows: list[Window]) -> tuple[float, float]:
     """(P99 over the windows' latency merged, offered load in requests/s)."""
-    hist, seconds, offered = None, 0.0, 0.0
-    for w in windows:
-        seconds += w.seconds
-        offered += w.requests + w.rejected
-        if w.latency is not None:
-            hist = w.latency if hist is None else hist.plus(w.latency)
+    seconds = sum(w.seconds for w in windows)
+    offered = sum(w.requests + w.rejected for w in windows)
+    hist = merged_latency(windows)
     p99 = hist.quantile(0.99) if hist is not None else math.nan
     return p99, offered / seconds if seconds else 0.0
 

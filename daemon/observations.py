@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from tuners import batch, breaker, drift, sampling, throttle
 
 from daemon.config import ServiceConf
-from daemon.window import Window
+from daemon.window import Window, merged_latency
 
 MIN_REQUESTS = 5   # a window with fewer says little about a tail
 
@@ -19,14 +19,6 @@ MIN_REQUESTS = 5   # a window with fewer says little about a tail
 class Context:
     """What some observations need beyond the windows: the baseline store's view."""
     baseline: drift.Baseline | None = None
-
-
-def _merged(windows: list[Window]):
-    hist = None
-    for w in windows:
-        if w.latency is not None:
-            hist = w.latency if hist is None else hist.plus(w.latency)
-    return hist
 
 
 def _q(hist, q: float) -> float:
@@ -73,11 +65,11 @@ def queue_p99(windows: list[Window], history: list[Window]) -> float:
     tails = [w.p(0.99) for w in history if w.requests >= MIN_REQUESTS and math.isfinite(w.p(0.99))]
     if not tails:
         return 0.0
-    return max(0.0, _q(_merged(windows), 0.99) - min(tails))
+    return max(0.0, _q(merged_latency(windows), 0.99) - min(tails))
 
 
 def for_throttle(now, windows, conf: ServiceConf, history: list[Window]) -> throttle.Observation:
-    hist, secs = _merged(windows), _seconds(windows)
+    hist, secs = merged_latency(windows), _seconds(windows)
     completed = sum(w.requests for w in windows) / secs
     in_flight = _gauge_max(windows, "_inflight_requests")
     if in_flight is None:  # Little's law when the service does not say
@@ -91,7 +83,7 @@ def for_throttle(now, windows, conf: ServiceConf, history: list[Window]) -> thro
 
 
 def for_batch(now, windows, conf: ServiceConf) -> batch.Observation:
-    hist, secs = _merged(windows), _seconds(windows)
+    hist, secs = merged_latency(windows), _seconds(windows)
     sizes, compute = _family_hist(windows, "_batch_size"), _family_hist(windows, "_batch_compute_seconds")
     batches = ()
     if sizes is not None and compute is not None and sizes.count and compute.count:
@@ -103,7 +95,7 @@ def for_batch(now, windows, conf: ServiceConf) -> batch.Observation:
 
 
 def for_sampling(now, windows, conf: ServiceConf, budget_per_s: float) -> sampling.Observation:
-    hist, secs = _merged(windows), _seconds(windows)
+    hist, secs = merged_latency(windows), _seconds(windows)
     return sampling.Observation(
         now=now, request_rps=sum(w.requests for w in windows) / secs,
         error_rps=sum(w.errors for w in windows) / secs, p90_s=_q(hist, 0.9), p99_s=_q(hist, 0.99),
@@ -121,7 +113,7 @@ def for_breaker(now, windows, conf: ServiceConf, slo_failure_rate: float) -> bre
 
 def for_drift(now, windows, ctx: Context) -> drift.Observation | None:
     """The P99 of the interval against the stored baseline; None until a baseline exists."""
-    hist = _merged(windows)
+    hist = merged_latency(windows)
     if ctx.baseline is None or hist is None or not hist.count:
         return None
     samples = tuple(w.p(0.99) for w in windows if w.requests and math.isfinite(w.p(0.99)))

@@ -34,6 +34,7 @@ from daemon.exporter import SampleExporter
 log = logging.getLogger(__name__)
 HISTORY_S = 600.0          # windows kept per service (attribution horizon and tuners' look-back)
 BASELINE_EVERY_S = 10.0    # one baseline point per service and metric this often
+MAX_FAILED_INTERVALS = 30  # this many failing intervals in a row end the process
 
 
 class Daemon:
@@ -108,7 +109,7 @@ class Daemon:
         signal.signal(signal.SIGINT, lambda *_: self.stop_event.set())
         signal.signal(signal.SIGHUP, lambda *_: setattr(self, "reload_requested", True))
         watchdog = sdnotify.watchdog_interval()
-        start = time.time()
+        start, failures = time.time(), 0
         try:
             while not self.stop_event.is_set():
                 end = start + self.cfg.collect_interval_s
@@ -118,7 +119,14 @@ class Daemon:
                 if self.reload_requested:
                     self.reload_requested = False
                     self.reload()
-                self.step(start, time.time())
+                try:
+                    self.step(start, time.time())
+                    failures = 0
+                except Exception:
+                    failures += 1
+                    log.exception("interval failed (%d in a row); the daemon goes on", failures)
+                    if failures >= MAX_FAILED_INTERVALS:
+                        raise   # exit non-zero: systemd restarts us (Restart=on-failure)
                 if watchdog:
                     sdnotify.watchdog_ping()
                 start = end if time.time() - end < self.cfg.collect_interval_s else time.time()
@@ -200,9 +208,7 @@ class Daemon:
             recent = [w for w in self.history[svc.name] if w.end > now - BASELINE_EVERY_S and w.requests]
             if not recent:
                 continue
-            merged = recent[0].latency
-            for w in recent[1:]:
-                merged = merged.plus(w.latency)
+            merged = window.merged_latency(recent)
             seconds = sum(w.seconds for w in recent)
             values = {"latency_p50_seconds": merged.quantile(0.5), DRIFT_METRIC: merged.quantile(0.99),
                       "throughput_rps": merged.count / seconds,

@@ -95,3 +95,15 @@ def build(service: str, slo_p99_s: float, start: float, end: float, samples: lis
     if w.latency is None and EBPF_LATENCY in w.histograms:
         w.latency, w.latency_source = w.histograms[EBPF_LATENCY], "ebpf"
     return w
+
+
+def merged_latency(windows: list[Window]) -> Histogram | BucketHistogram | None:
+    """The latency of several windows together. A service's latency can come from
+    its own histogram in one window and from eBPF in another (a missed scrape);
+    only windows with the most recent source are merged, as the two do not add."""
+    source = next((w.latency_source for w in reversed(windows) if w.latency is not None), None)
+    merged = None
+    for w in windows:
+        if w.latency is not None and w.latency_source == source:
+            merged = w.latency if merged is None else merged.plus(w.latency)
+    return merged
