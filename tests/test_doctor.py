@@ -37,7 +37,7 @@ def test_every_failed_check_carries_a_fix(root_only):
 
 def test_missing_tracefs_makes_the_daemon_unable_to_run(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(kf, "TRACEFS", tmp_path / "tracing")
-    rc = doctor.run(argparse.Namespace(prometheus_url=None, redis_url=None))
+    rc = doctor.run(argparse.Namespace(config=None, prometheus_url=None, redis_url=None))
     out = capsys.readouterr().out
     assert rc == 1
     assert "mount -t tracefs nodev" in out
@@ -57,3 +57,19 @@ def test_header_release_reads_utsrelease(tmp_path):
     gen.mkdir(parents=True)
     (gen / "utsrelease.h").write_text('#define UTS_RELEASE "6.1.0-57-cloud-amd64"\n')
     assert kf.header_release(tmp_path) == "6.1.0-57-cloud-amd64"
+
+
+def test_a_bad_config_is_a_failed_check_naming_the_key(tmp_path, root_only):
+    bad = tmp_path / "slotune.toml"
+    bad.write_text("[daemon]\nprometheus_url = 5\n[services.a]\ncmdline = 'a'\n")
+    result = run_slotune("doctor", "--config", str(bad))
+    assert result.returncode == 1
+    assert "daemon.prometheus_url: must be str" in result.stdout
+
+
+def test_the_configs_prometheus_is_checked(tmp_path, root_only):
+    cfg = tmp_path / "slotune.toml"
+    cfg.write_text("[daemon]\nprometheus_url = 'http://127.0.0.1:1'\n[services.a]\ncmdline = 'a'\n")
+    result = run_slotune("doctor", "--config", str(cfg))
+    assert result.returncode == 0
+    assert "✓ config" in result.stdout and "✗ Prometheus" in result.stdout

@@ -6,19 +6,37 @@ import socket
 from urllib.parse import urlparse
 from urllib.request import urlopen
 
+from daemon import config
 from daemon import kernel_features as kf
 
 NAME = "doctor"
 HELP = "check this host: privileges, BTF, tracefs, BCC, probe kinds, headers, NVML, Prometheus, Redis"
 EXAMPLES = """  slotune doctor
+  slotune doctor --config /etc/slotune/slotune.toml     # also validates it and checks its Prometheus
   slotune doctor --prometheus-url http://127.0.0.1:9090 --redis-url redis://127.0.0.1:6379
   sudo slotune doctor || journalctl -u slotune   # exit 1 means the daemon cannot run
 """
 
 
 def add_arguments(parser) -> None:
+    parser.add_argument("--config", help="also check what this daemon config names (its prometheus_url); "
+                                         "default /etc/slotune/slotune.toml when it exists")
     parser.add_argument("--prometheus-url", help="also check that this Prometheus answers /-/ready")
     parser.add_argument("--redis-url", help="also check that this Redis answers PING")
+
+
+def configured_prometheus(args) -> tuple[str | None, kf.Finding | None]:
+    """The Prometheus URL to check: the flag, else the config's daemon.prometheus_url."""
+    if args.prometheus_url:
+        return args.prometheus_url, None
+    path = args.config or (str(config.DEFAULT_PATH) if config.DEFAULT_PATH.exists() else None)
+    if path is None:
+        return None, None
+    try:
+        return config.load(path).prometheus_url or None, kf.Finding("config", True, f"{path} is valid")
+    except config.ConfigError as exc:
+        return None, kf.Finding("config", False, str(exc), "fix that key (slotune.example.toml documents each)",
+                                required=True)
 
 
 def check_prometheus(url: str) -> kf.Finding:
@@ -55,8 +73,11 @@ def findings(args) -> list[kf.Finding]:
         found.append(kf.Finding("probes", False, "not tried: needs privileges and tracefs first",
                                 "fix the lines above, then run slotune doctor again", required=True))
     found.append(kf.check_nvml())
-    if args.prometheus_url:
-        found.append(check_prometheus(args.prometheus_url))
+    prometheus_url, config_finding = configured_prometheus(args)
+    if config_finding:
+        found.append(config_finding)
+    if prometheus_url:
+        found.append(check_prometheus(prometheus_url))
     if args.redis_url:
         found.append(check_redis(args.redis_url))
     return found
