@@ -1,11 +1,15 @@
 """The daemon's own cost: CPU and RSS of `slotune run` (all probe families
 loaded) idle and while the reference stack serves load, side by side with the
-stack's own CPU, and the daemon's RSS over a longer run (is it flat?).
+stack's own CPU; the stack's closed-loop throughput and P99 with the daemon
+attached and without, alternating rounds; and the daemon's RSS over a longer
+run (is it flat?).
 
-    python -m bench.daemon_footprint [--idle-s 20] [--load-s 30] [--rate 15] [--long-s 0]"""
+    python -m bench.daemon_footprint [--idle-s 20] [--load-s 30] [--rate 15]
+                                     [--rounds 4] [--round-s 10] [--long-s 0]"""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import signal
 import subprocess
 import sys
@@ -16,9 +20,11 @@ import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import psutil
 
-from daemon.demo import daemon_config
+from bench.stack_capacity import closed_loop
+from daemon.stack_config import for_reference_stack
 from reference_stack import launcher, loadgen
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +53,35 @@ def measure(daemon: psutil.Process, stack: list[psutil.Process], seconds: float)
             "rss_mib": max(rss) / 2**20}
 
 
+def start_daemon(work: Path, port: int) -> subprocess.Popen:
+    log = open(work / "daemon.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "daemon.cli", "run", "--config", str(work / "slotune.toml"),
+                             "--dry-run"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    wait_up(f"http://127.0.0.1:{port}", proc)
+    return proc
+
+
+def stop_daemon(proc: subprocess.Popen | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+
+
+def throughput_rounds(state: dict, work: Path, port: int, rounds: int, seconds: float, clients: int) -> dict:
+    """Closed-loop throughput and P99 of the stack, daemon off / on, alternating (order flips each round)."""
+    out = {"off": [], "on": []}
+    for r in range(rounds):
+        for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):
+            proc = start_daemon(work, port) if mode == "on" else None
+            try:
+                time.sleep(2.0)
+                lat = asyncio.run(closed_loop(state["query_url"], clients, seconds, seed=r))
+            finally:
+                stop_daemon(proc)
+            out[mode].append((len(lat) / seconds, float(np.quantile(lat, 0.99)) if lat else float("nan")))
+    return out
+
+
 def wait_up(url: str, proc: subprocess.Popen) -> None:
     deadline = time.monotonic() + 90
     while True:
@@ -64,6 +99,9 @@ def main(argv=None) -> int:
     ap.add_argument("--idle-s", type=float, default=20.0)
     ap.add_argument("--load-s", type=float, default=30.0)
     ap.add_argument("--rate", type=float, default=15.0, help="queries/s through the gateway during the load phase")
+    ap.add_argument("--rounds", type=int, default=4, help="throughput rounds with the daemon off and on")
+    ap.add_argument("--round-s", type=float, default=10.0)
+    ap.add_argument("--clients", type=int, default=16, help="closed-loop clients in the throughput rounds")
     ap.add_argument("--long-s", type=float, default=0.0, help="then sample the daemon's RSS this long (600 = 10 min)")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="slotune-footprint-"))
@@ -72,11 +110,8 @@ def main(argv=None) -> int:
     daemon = None
     try:
         port = launcher.free_ports(1)[0]
-        (work / "slotune.toml").write_text(daemon_config(state, port, work))
-        log = open(work / "daemon.log", "ab")
-        daemon = subprocess.Popen([sys.executable, "-m", "daemon.cli", "run", "--config", str(work / "slotune.toml"),
-                                   "--dry-run"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-        wait_up(f"http://127.0.0.1:{port}", daemon)
+        (work / "slotune.toml").write_text(for_reference_stack(state, port, work))
+        daemon = start_daemon(work, port)
         dproc = psutil.Process(daemon.pid)
         stack = [psutil.Process(pid) for name, pid in state["pids"].items() if name != "redis"]
         time.sleep(5.0)  # past start-up (BPF compile, first scans)
@@ -92,6 +127,23 @@ def main(argv=None) -> int:
         for name, m in ((f"idle ({args.idle_s:.0f} s)", idle), (f"load {args.rate:.0f} q/s ({args.load_s:.0f} s)", busy)):
             ratio = m["daemon_cpu"] / m["stack_cpu"] if m["stack_cpu"] > 0 else float("nan")
             print(f"{name:<22} {m['daemon_cpu']:>13.1f} {m['stack_cpu']:>12.1f} {ratio:>13.3f} {m['rss_mib']:>15.1f}")
+        if daemon.poll() is not None:
+            raise SystemExit(f"the daemon exited during the run; see {work / 'daemon.log'}")
+        if args.rounds:
+            stop_daemon(daemon)
+            rounds = throughput_rounds(state, work, port, args.rounds, args.round_s, args.clients)
+            med = {m: (float(np.median([r[0] for r in v])), float(np.median([r[1] for r in v])))
+                   for m, v in rounds.items()}
+            spread = {m: (min(r[0] for r in v), max(r[0] for r in v)) for m, v in rounds.items()}
+            print(f"\nstack throughput, {args.clients} closed-loop clients, {args.rounds} rounds x {args.round_s:.0f} s "
+                  f"alternating (medians, min..max):")
+            for m in ("off", "on"):
+                print(f"  daemon {m:<3}  {med[m][0]:6.1f} q/s ({spread[m][0]:.1f}..{spread[m][1]:.1f})  "
+                      f"P99 {med[m][1] * 1e3:6.0f} ms")
+            print(f"  with the daemon: throughput x{med['on'][0] / med['off'][0]:.3f}, "
+                  f"P99 x{med['on'][1] / med['off'][1]:.3f}")
+            daemon = start_daemon(work, port)
+            dproc = psutil.Process(daemon.pid)
         if args.long_s > 0:
             samples = []
             t0 = time.monotonic()
@@ -105,9 +157,7 @@ def main(argv=None) -> int:
                   f"last {samples[-1]:.1f} MiB, max {max(samples):.1f} MiB "
                   f"(growth {samples[-1] - samples[0]:+.1f} MiB)")
     finally:
-        if daemon is not None and daemon.poll() is None:
-            daemon.send_signal(signal.SIGTERM)
-            daemon.wait(timeout=20)
+        stop_daemon(daemon)
         launcher.stop(cfg.run_dir)
     return 0
 

@@ -18,11 +18,11 @@ import numpy as np
 
 from daemon import report
 from daemon.commands.status import render
+from daemon.stack_config import for_reference_stack
 from reference_stack import launcher, loadgen
 
 ROOT = Path(__file__).resolve().parents[1]
 GATEWAY_SLO_MS = 1500.0
-INFERENCE_SLO_MS = 1000.0
 
 
 @dataclass(frozen=True)
@@ -37,80 +37,6 @@ def phases(capacity: float, scale: float = 1.0) -> list[Phase]:
     return [Phase("0.5x capacity", 0.5 * capacity, 30 * scale),
             Phase("1.5x capacity", 1.5 * capacity, 90 * scale),
             Phase("back to 0.5x", 0.5 * capacity, 45 * scale)]
-
-
-def daemon_config(state: dict, exporter_port: int, run_dir: Path) -> str:
-    ports, token = state["ports"], state["token_file"]
-    return f"""# written by `slotune demo` for the reference stack in {run_dir}
-[daemon]
-collect_interval_s = 1.0
-tune_interval_s = 5.0
-exporter_address = "127.0.0.1:{exporter_port}"
-baseline_store = "{run_dir}/baselines.sqlite"
-audit_log = "{run_dir}/audit.jsonl"
-environment = "demo"
-
-[services.gateway]
-cmdline = "reference_stack gateway"
-port = {ports['gateway']}
-slo_p99_ms = {GATEWAY_SLO_MS}
-metrics_url = "http://127.0.0.1:{ports['gateway']}/metrics"
-latency_metric = "gateway_request_duration_seconds"
-downstream = ["inference"]
-peers = {{ "{ports['inference']}" = "inference", "{ports['sidecar']}" = "sidecar" }}
-
-[services.gateway.control]
-kind = "reference"
-url = "http://127.0.0.1:{ports['gateway']}/admin/config"
-token_file = "{token}"
-
-[services.gateway.tuners.throttle]
-interval_s = 2.0
-[services.gateway.tuners.sampling]
-interval_s = 5.0
-budget_traces_per_s = 2.0
-[services.gateway.tuners.drift]
-interval_s = 30.0
-
-[services.gateway.settings.concurrency_limit]
-min = 2
-max = 256
-max_step = 16
-integer = true
-[services.gateway.settings.trace_sample_rate]
-min = 0.001
-max = 1.0
-max_step = 0.2
-[services.gateway.settings.trace_keep_slower_than_s]
-min = 0.0
-max = 60.0
-max_step = 5.0
-
-[services.inference]
-cmdline = "reference_stack inference"
-port = {ports['inference']}
-slo_p99_ms = {INFERENCE_SLO_MS}
-metrics_url = "http://127.0.0.1:{ports['inference']}/metrics"
-latency_metric = "inference_request_duration_seconds"
-
-[services.inference.control]
-kind = "reference"
-url = "http://127.0.0.1:{ports['inference']}/admin/config"
-token_file = "{token}"
-
-[services.inference.tuners.batch]
-interval_s = 5.0
-
-[services.inference.settings.max_batch_size]
-min = 1
-max = 64
-max_step = 8
-integer = true
-[services.inference.settings.max_queue_delay_ms]
-min = 0
-max = 50
-max_step = 10
-"""
 
 
 def fetch_status(url: str) -> dict | None:
@@ -169,7 +95,7 @@ def run(run_dir: Path, capacity: float, scale: float, dry_run: bool, show_every_
     daemon = None
     try:
         config_path = run_dir / "slotune.toml"
-        config_path.write_text(daemon_config(state, exporter, run_dir))
+        config_path.write_text(for_reference_stack(state, exporter, run_dir, gateway_slo_ms=GATEWAY_SLO_MS))
         url = f"http://127.0.0.1:{exporter}"
         print(f"==> starting slotune ({'dry-run' if dry_run else 'closed loop'}), config {config_path}", flush=True)
         daemon = start_daemon(config_path, run_dir, url, dry_run)

@@ -13,65 +13,19 @@ from pathlib import Path
 
 import pytest
 
+from daemon.stack_config import for_reference_stack
 from reference_stack import launcher
 from reference_stack.client import StackClient
 from tests.conftest import ROOT
 
 
 def daemon_config(state: dict, exporter_port: int, work: Path, *, gateway_slo_ms=600, inference_slo_ms=500,
-                  gateway_tuners="", inference_tuners="", control_url: str | None = None) -> str:
-    ports, token = state["ports"], state["token_file"]
-    gateway_control = control_url or f"http://127.0.0.1:{ports['gateway']}/admin/config"
-    return f"""
-[daemon]
-exporter_address = "127.0.0.1:{exporter_port}"
-baseline_store = "{work}/baselines.sqlite"
-audit_log = "{work}/audit.jsonl"
-tune_interval_s = 2.0
-
-[services.gateway]
-cmdline = "reference_stack gateway"
-port = {ports['gateway']}
-slo_p99_ms = {gateway_slo_ms}
-metrics_url = "http://127.0.0.1:{ports['gateway']}/metrics"
-latency_metric = "gateway_request_duration_seconds"
-downstream = ["inference"]
-[services.gateway.control]
-kind = "reference"
-url = "{gateway_control}"
-token_file = "{token}"
-{gateway_tuners}
-[services.gateway.settings.concurrency_limit]
-min = 2
-max = 128
-max_step = 16
-integer = true
-[services.gateway.settings.blocking_io_ms]
-min = 0
-max = 500
-max_step = 500
-
-[services.inference]
-cmdline = "reference_stack inference"
-port = {ports['inference']}
-slo_p99_ms = {inference_slo_ms}
-metrics_url = "http://127.0.0.1:{ports['inference']}/metrics"
-latency_metric = "inference_request_duration_seconds"
-[services.inference.control]
-kind = "reference"
-url = "http://127.0.0.1:{ports['inference']}/admin/config"
-token_file = "{token}"
-{inference_tuners}
-[services.inference.settings.max_batch_size]
-min = 1
-max = 32
-max_step = 8
-integer = true
-[services.inference.settings.max_queue_delay_ms]
-min = 0
-max = 20
-max_step = 5
-"""
+                  gateway_tuners="", inference_tuners="", control_url: str = "") -> str:
+    """The reference-stack config with only the tuners a test asks for."""
+    return for_reference_stack(state, exporter_port, work, gateway_slo_ms=gateway_slo_ms,
+                               inference_slo_ms=inference_slo_ms, gateway_tuners=gateway_tuners,
+                               inference_tuners=inference_tuners, gateway_control_url=control_url,
+                               environment="test")
 
 
 @dataclass

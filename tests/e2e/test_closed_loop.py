@@ -49,7 +49,7 @@ def test_load_step_pushes_settings_brings_p99_back_and_relaxes(stack, daemon_fac
     assert "concurrency_limit" in logs["gateway"] and "max_batch_size" in logs["inference"]
     pushed = [e for e in d.audit() if e["outcome"] == "pushed"]
     assert {e["setting"] for e in pushed} >= {"concurrency_limit", "max_batch_size"}
-    bounds = {"concurrency_limit": (2, 128), "max_batch_size": (1, 32), "max_queue_delay_ms": (0, 20)}
+    bounds = {"concurrency_limit": (2, 256), "max_batch_size": (1, 64), "max_queue_delay_ms": (0, 50)}
     assert all(bounds[e["setting"]][0] <= e["new"] <= bounds[e["setting"]][1] for e in pushed)
 
 
