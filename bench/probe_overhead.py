@@ -80,7 +80,7 @@ class Variant:
         from bcc import BPF
         self.name, self.watch_loop = name, watch_loop
         if empty_on is not None:
-            self.bpf, self.points = BPF(text=EMPTY), [(tp, "empty") for tp in empty_on]
+            self.bpf, self.points = BPF(text=EMPTY.encode()), [(tp, "empty") for tp in empty_on]
         elif families is not None:
             program = Program([FAMILIES[f]() for f in families])
             self.bpf = program.bpf

@@ -112,7 +112,7 @@ def _try(name: str, build, fix: str, required: bool = False) -> Finding:
 def check_bcc_tracepoint() -> Finding:
     def build():
         from bcc import BPF
-        b = BPF(text="TRACEPOINT_PROBE(sched, sched_switch) { return 0; }")
+        b = BPF(text=b"TRACEPOINT_PROBE(sched, sched_switch) { return 0; }")
         return b, "BCC compiled and attached tracepoint sched:sched_switch"
     return _try("tracepoint", build, f"{SETUP}; then slotune doctor again", required=True)
 
@@ -122,7 +122,7 @@ def check_raw_tracepoint() -> Finding:
         from bcc import BPF
         if not BPF.support_raw_tracepoint():
             raise OSError("kernel has no raw tracepoint support")
-        b = BPF(text="RAW_TRACEPOINT_PROBE(sched_switch) { return 0; }")
+        b = BPF(text=b"RAW_TRACEPOINT_PROBE(sched_switch) { return 0; }")
         return b, "raw tracepoint sched_switch attached (slotune reads no structs through it)"
     return _try("raw tracepoint", build, "needs Linux >= 4.17; slotune works without it")
 
@@ -130,7 +130,7 @@ def check_raw_tracepoint() -> Finding:
 def check_uprobe() -> Finding:
     def build():
         from bcc import BPF
-        b = BPF(text="int on_call(void *ctx) { return 0; }")
+        b = BPF(text=b"int on_call(void *ctx) { return 0; }")
         b.attach_uprobe(name="c", sym="getpid", fn_name="on_call", pid=os.getpid())
         return b, "uprobe on libc getpid attached (TLS probes on libssl use the same)"
     return _try("uprobe", build, "needs CONFIG_UPROBE_EVENTS=y; TLS probes stay off without it")
@@ -149,7 +149,7 @@ def check_kprobe() -> Finding:
 
     def build():
         from bcc import BPF
-        b = BPF(text="int on_call(void *ctx) { return 0; }")
+        b = BPF(text=b"int on_call(void *ctx) { return 0; }")
         b.attach_kprobe(event=b.get_syscall_fnname("getpid"), fn_name="on_call")
         return b, "kprobe on getpid attached"
     return _try("kprobe", build, "check dmesg; slotune uses tracepoints and loses nothing")
@@ -168,7 +168,7 @@ def check_fentry() -> Finding:
         from bcc import BPF
         if not BPF.support_kfunc():
             raise OSError("kernel has no BPF trampoline support")
-        b = BPF(text="KFUNC_PROBE(vfs_read) { return 0; }")
+        b = BPF(text=b"KFUNC_PROBE(vfs_read) { return 0; }")
         return b, "fentry on vfs_read attached"
     found = _try("fentry", build, "none needed; slotune uses tracepoints and loses nothing")
     # BCC turns the kernel's EPERM into "Need super-user privileges", even as root.

@@ -136,11 +136,3 @@ def test_attribution_step_says_plainly_when_the_command_is_missing():
         assert said.startswith("$ slotune attribute inference")
     else:
         assert "slotune attribute is not in this checkout yet" in said
-
-
-def test_capacity_step_runs_the_stack_benchmark_or_says_it_is_missing():
-    from importlib.util import find_spec
-    if find_spec("bench.stack_capacity") is None:
-        assert "not in this checkout yet" in gpu_check.capacity_curve(10)
-    else:
-        pytest.skip("bench.stack_capacity exists; its curve is checked on a GPU host by gpu_check.sh")

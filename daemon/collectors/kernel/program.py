@@ -83,7 +83,7 @@ class Program:
         from bcc import BPF  # imported here: `slotune probes --print` needs no BCC
         self.families = families
         self.text = program_text(families)
-        self.bpf = BPF(text=self.text, cflags=["-Wno-unused-function"])
+        self.bpf = BPF(text=self.text.encode(), cflags=["-Wno-unused-function"])
         atexit.unregister(self.bpf.cleanup)   # close() detaches; nothing global keeps us alive
         self.attached: dict[str, bool] = {}
         self.errors: dict[str, str] = {}
