@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import tuners
 from daemon import observations
@@ -83,28 +83,26 @@ class ControlLoop:
     def reconfigure(self, cfg: Config, actuators: dict[str, Actuator]) -> None:
         """Keep tuner state for services and tuners that survive a reload."""
         old = self.services
-        self.services = {}
-        for s in cfg.services:
-            sc = ServiceControl(s, actuators.get(s.name))
-            if s.name in old:
-                sc.settings, sc.states = old[s.name].settings, old[s.name].states
-                sc.last_change, sc.held_until = old[s.name].last_change, old[s.name].held_until
-            self.services[s.name] = sc
+        self.services = {
+            s.name: (replace(old[s.name], conf=s, actuator=actuators.get(s.name), stopped=set())
+                     if s.name in old else ServiceControl(s, actuators.get(s.name)))
+            for s in cfg.services}
 
     def tick(self, now: float, history: dict[str, list[Window]]) -> list[Entry]:
         entries: list[Entry] = []
         for sc in self.services.values():
             if not sc.conf.tuners:
                 continue
+            due = [t for t in sc.conf.tuners if t.name not in sc.stopped
+                   and now - sc.last_decision.get(t.name, -math.inf) >= t.interval_s]
+            judging = any(now - p.t >= p.interval_s for p in sc.pending)
+            if not (due or judging):
+                continue
             windows = history.get(sc.conf.name, [])
             if sc.actuator is not None and not self._refresh(sc, now):
                 continue
             entries += self._judge(sc, now, windows)
-            for tconf in sc.conf.tuners:
-                if tconf.name in sc.stopped:
-                    continue
-                if now - sc.last_decision.get(tconf.name, -math.inf) < tconf.interval_s:
-                    continue
+            for tconf in due:
                 since = sc.last_decision.get(tconf.name, now - tconf.interval_s)
                 sc.last_decision[tconf.name] = now
                 recent = [w for w in windows if w.end > since]
