@@ -24,9 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from faults_inject import matrix_faults  # noqa: E402
+from bench.faults_inject import matrix_faults  # noqa: E402
 
 NETNS_FLAG = "SLOTUNE_BENCH_OWN_NETNS"
 TOOLS = ("search", "calculator", "weather")
@@ -84,6 +83,7 @@ class DaemonLoop:
         self.daemon = Daemon(cfg, dry_run=True, collectors=[ServiceMetricsCollector(urls), KernelCollector()])
         self.steps: list[tuple[float, dict]] = []
         self.step_cost: list[float] = []
+        self.errors: list[str] = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="daemon", daemon=True)
 
@@ -99,7 +99,10 @@ class DaemonLoop:
         while not self.stop.wait(max(0.0, start + 1.0 - time.time())):
             end = time.time()
             t = time.perf_counter()
-            self.daemon.step(start, end)
+            try:
+                self.daemon.step(start, end)
+            except Exception as exc:      # counted and reported: the loop (and the matrix) goes on
+                self.errors.append(f"{type(exc).__name__}: {exc}")
             self.step_cost.append(time.perf_counter() - t)
             with self.daemon.lock:
                 self.steps.append((end, dict(self.daemon.metrics.attribution)))
@@ -204,17 +207,8 @@ def main() -> int:
         tool_ports={t: ports[t] for t in TOOLS}, inference_args=SMALL_MODEL,
         settings={"gateway": {"llm_via_sidecar": True}, **QUIET_TOOLS}, startup_timeout_s=180.0)
     t0 = time.time()
-    # The daemon first: it owns a TCP connection only if it saw the connect (bpf/tcp.bpf.c).
-    write_config(work / "slotune.toml", {"run_dir": str(stack_cfg.run_dir), "urls": launcher.urls(stack_cfg)},
-                 ports, ports["exporter"], work)
-    loop = DaemonLoop(config_mod.load(work / "slotune.toml"))
-    loop.start()
-    load = None
-    try:
-        stack = launcher.start(stack_cfg)
-    except BaseException:
-        loop.close()
-        raise
+    stack = launcher.start(stack_cfg)
+    loop = load = None
     faults = matrix_faults(stack, ports["sidecar"])
     if args.faults:
         wanted = args.faults.split(",")
@@ -224,6 +218,11 @@ def main() -> int:
         faults = [f for f in faults if f.name in wanted]
     results = []
     try:
+        # The daemon before any query: the services open their pooled connections on the first
+        # request, and the daemon owns a TCP connection only if it saw the connect (bpf/tcp.bpf.c).
+        write_config(work / "slotune.toml", stack, ports, ports["exporter"], work)
+        loop = DaemonLoop(config_mod.load(work / "slotune.toml"))
+        loop.start()
         total = 30 + args.runs * len(faults) * (args.baseline_s + args.fault_s) + 30
         load = subprocess.Popen([sys.executable, "-m", "reference_stack", "load", "--url", stack["query_url"],
                                  "--rate", str(args.rate), "--duration", str(total)], cwd=ROOT,
@@ -251,13 +250,16 @@ def main() -> int:
         if load is not None:
             load.kill()
             load.wait()
-        loop.close()
+        if loop is not None:
+            loop.close()
         launcher.stop(stack_cfg.run_dir)
     print()
     print(report(results, faults))
     costs = sorted(loop.step_cost)
     print(f"\ndaemon step (collect + windows + attribution of {len(loop.daemon.cfg.services)} services): "
           f"median {costs[len(costs) // 2] * 1e3:.1f} ms, p95 {costs[int(len(costs) * 0.95)] * 1e3:.1f} ms")
+    if loop.errors:
+        print(f"daemon steps that raised: {len(loop.errors)} (first: {loop.errors[0]})")
     print(f"whole bench {time.time() - t0:.0f} s on {os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

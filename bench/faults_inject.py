@@ -79,14 +79,14 @@ def _autogroup_nice(pid: int, nice: int) -> int | None:
 
 @dataclass
 class CpuContention(Fault):
-    """Pin the inference server to one CPU at nice 8 (its threads and its autogroup)
-    beside a busy loop at nice 0 in a session of its own: it then gets about 14 % of
-    that CPU (weights 172 vs 1024), a little more than it needs, and waits for the
+    """Pin the inference server to one CPU at nice 9 (its threads and its autogroup)
+    beside a busy loop at nice 0 in a session of its own: it then gets about 12 % of
+    that CPU (weights 137 vs 1024), a little more than it needs, and waits for the
     loop's slices. The rest of the machine keeps the other CPU, so the daemon and
     the load go on."""
     target: str = "inference"
     cpu: int = 1
-    nice: int = 8
+    nice: int = 9
     procs: list = field(default_factory=list)
     saved: dict = field(default_factory=dict)
     autogroup_nice: int | None = None
@@ -217,7 +217,7 @@ def matrix_faults(stack: dict, sidecar_port: int) -> list[Fault]:
     """The faults of the matrix, clean first, for a stack started with llm_via_sidecar on."""
     return [
         Fault("clean", "no fault", (("", ""),), stack),
-        CpuContention("cpu", "inference pinned to CPU 1 at nice 8 (threads and autogroup) beside a busy loop at nice 0",
+        CpuContention("cpu", "inference pinned to CPU 1 at nice 9 (threads and autogroup) beside a busy loop at nice 0",
                       (("inference", "runqueue_wait"),), stack),
         NetworkQueue("network", "gateway -> sidecar traffic through a 4 Mbit TBF (100 KB) shared with a bulk "
                                 "TCP flow, on lo of the bench's own network namespace",

@@ -1,5 +1,6 @@
 """Attribution arithmetic pinned on small windows built by hand: the shares,
 the path through downstream services, the clean verdict, jitter, eBPF-only."""
+import json
 import math
 
 import numpy as np
@@ -223,3 +224,17 @@ def test_batch_queue_wait_counts_only_the_wait_beyond_the_batch_running_ahead():
     e = explain("svc", {"svc": ws}, recent_s=1.0)
     assert e.top_cause == "batch_queue_wait"
     assert e.shares["batch_queue_wait"] > 0.7
+
+
+def test_the_attribute_table_lists_causes_by_share_with_evidence_and_path():
+    from daemon.commands.attribute import render
+    gateway = history(faulty=[(SLOW_TAIL, {}), (SLOW_TAIL, {})], service="gateway")
+    inference = history(faulty=[(SLOW_TAIL, {"runqueue_s": 60.0})] * 2, service="inference")
+    e = explain("gateway", {"gateway": gateway, "inference": inference}, {"gateway": ["inference"]})
+    table = render("gateway", json.loads(json.dumps(e.as_status())))     # as /status carries it
+    lines = table.splitlines()
+    assert lines[0] == e.verdict
+    rows = [l for l in lines if l.startswith(("downstream:", "runqueue_wait", "blocking_syscalls"))]
+    assert rows[0].startswith("downstream:inference")
+    assert "(usual tail, noise, unexplained)" in table
+    assert lines[-1].startswith("path: gateway: downstream:inference") and "inference: runqueue_wait" in lines[-1]

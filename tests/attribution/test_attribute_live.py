@@ -84,6 +84,7 @@ def test_a_blocked_event_loop_is_named_with_its_share_and_exported(watched):
     assert record["evidence"]["blocking_syscalls"]["recent"] > 0.02     # s per request, 40 ms pushed
     table = run_slotune("attribute", "gateway", "--url", daemon.url)
     assert table.returncode == 0
+    print(table.stdout)               # what a user sees (pytest -s)
     assert "blocking_syscalls" in table.stdout and "gateway P99" in table.stdout
     metrics = daemon.metrics()
     assert 'slotune_attribution_share_ratio{cause="blocking_syscalls",service="gateway"}' in metrics
