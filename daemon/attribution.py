@@ -200,6 +200,19 @@ def _rises(split: _Split, downstream: Mapping[str, "Explanation"], skip_tools: s
     return out
 
 
+STALLS = ("runqueue_wait", "blocking_syscalls")   # they stretch everything the service times itself
+
+
+def _discount_own_clock(evidence: dict[str, dict]) -> dict[str, dict]:
+    """Tool calls timed by the caller include the caller's own stalls (a blocked event
+    loop answers the tool's reply late): take the stalls' tail off them first."""
+    stall = TAIL_GAIN * sum(evidence[c]["rise_s"] for c in STALLS if c in evidence)
+    for cause, e in evidence.items():
+        if cause.startswith("tool:") and stall > 0:
+            e["rise_s"] = max(e["rise_s"] - stall, 0.0)
+    return evidence
+
+
 def _credit(growth: float, rises: dict[str, float]) -> dict[str, float]:
     total = sum(rises.values())
     if growth <= 0 or total <= 0:
@@ -281,7 +294,7 @@ class _Explainer:
         callees = [d for d in self.downstream.get(service, ()) if d not in seen and d in self.history]
         below = {d: self.explain(d, seen) for d in callees}
         below = {d: e for d, e in below.items() if math.isfinite(e.p99_s)}
-        evidence = _rises(split, below, {f"tool:{d}" for d in below})
+        evidence = _discount_own_clock(_rises(split, below, {f"tool:{d}" for d in below}))
 
         p50_base, p99_base = split.p50, split.p99
         p99 = split.recent.p99

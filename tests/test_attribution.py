@@ -236,5 +236,20 @@ def test_the_attribute_table_lists_causes_by_share_with_evidence_and_path():
     assert lines[0] == e.verdict
     rows = [l for l in lines if l.startswith(("downstream:", "runqueue_wait", "blocking_syscalls"))]
     assert rows[0].startswith("downstream:inference")
-    assert "(usual tail, noise, unexplained)" in table
+    assert "rest (usual tail, noise)" in table
     assert lines[-1].startswith("path: gateway: downstream:inference") and "inference: runqueue_wait" in lines[-1]
+
+
+def test_tool_calls_timed_by_a_stalled_caller_do_not_take_the_blame():
+    def gateway(t, tool_ms, blocking_s=0.001, counts=CALM):
+        return window(t, counts, blocking_s=blocking_s,
+                      extra={("gateway_tool_duration_seconds", "tool=search"): latency_at(tool_ms)})
+    # The loop blocks 30 ms per request: the tool replies are read 60 ms late, the tool is not slower.
+    ws = [gateway(t, 10) for t in range(20)] + [gateway(20, 70, blocking_s=3.0, counts=SLOW_TAIL)]
+    e = explain("svc", {"svc": ws}, recent_s=1.0)
+    assert e.top_cause == "blocking_syscalls"
+    assert e.evidence["tool:search"]["rise_s"] == 0.0
+    # The tool itself slows down and nothing in the caller stalls: the tool is named.
+    ws = [gateway(t, 10) for t in range(20)] + [gateway(20, 180, counts=SLOW_TAIL)]
+    e = explain("svc", {"svc": ws}, recent_s=1.0)
+    assert e.top_cause == "tool:search"

@@ -42,7 +42,7 @@ def render(service: str, a: dict) -> str:
                         f"{_value(e.get('baseline', 0.0), unit):>11} {_value(e.get('recent', 0.0), unit):>11}  "
                         f"{e.get('signal', '')}")
         rest = max(1.0 - sum(s for _, s in ranked), 0.0)
-        rows.append(f"{'(usual tail, noise, unexplained)':<24} {rest:>6.0%}")
+        rows.append(f"{'rest (usual tail, noise)':<24} {rest:>6.0%}")
     if a.get("path"):
         rows += ["", "path: " + " → ".join(f"{svc}: {cause} {share:.0%}" for svc, cause, share in a["path"])]
     return "\n".join(rows)
