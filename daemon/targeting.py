@@ -100,6 +100,23 @@ def threads(pid: int) -> set[int]:
         return set()
 
 
+def listening_sockets() -> frozenset[int]:
+    """Inodes of every listening TCP socket on the host, from /proc/net/tcp{,6}: a cheap
+    fingerprint that changes exactly when some process starts or stops listening."""
+    inodes = set()
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path) as f:
+                next(f, None)
+                for line in f:
+                    fields = line.split()
+                    if len(fields) > 9 and fields[3] == "0A":   # TCP_LISTEN
+                        inodes.add(int(fields[9]))
+        except OSError:
+            pass
+    return frozenset(inodes)
+
+
 def listening_ports(pid: int) -> set[int]:
     try:
         return {c.laddr.port for c in psutil.Process(pid).net_connections(kind="tcp")
@@ -123,6 +140,9 @@ class Targeting:
         self.patterns = {s.name: validate(s) for s in services}
         self.services = list(services)
         self.seen: dict[int, tuple[tuple[str, int], frozenset[str]]] = {}
+        self.listen_inodes: frozenset[int] | None = None   # listening sockets at the last scan
+        self.listeners: dict[int, set[int]] = {}            # port -> pids, while they stay the same
+        self.pid_ports: dict[int, set[int]] = {}            # pid -> its listening ports, likewise
 
     def matches(self, pid: int, spec: ServiceSpec, listeners: dict[int, set[int]]) -> bool:
         pattern = self.patterns[spec.name]
@@ -159,7 +179,11 @@ class Targeting:
 
     def scan(self) -> dict[str, ServiceProcesses]:
         found = {s.name: ServiceProcesses(s) for s in self.services}
-        listeners = self.port_listeners()
+        inodes = listening_sockets()
+        fresh = inodes != self.listen_inodes   # who listens where is read again only when it changed
+        if fresh:
+            self.listen_inodes, self.listeners, self.pid_ports = inodes, self.port_listeners(), {}
+        listeners = self.listeners
         alive = {}
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit():
@@ -171,7 +195,7 @@ class Targeting:
             if ident is None:
                 continue
             cached = self.seen.get(pid)
-            if cached and cached[0] == ident and not listeners:
+            if cached and cached[0] == ident and not (fresh and listeners):
                 names = cached[1]
             else:
                 names = frozenset(s.name for s in self.services if self.matches(pid, s, listeners))
@@ -182,5 +206,7 @@ class Targeting:
         for procs in found.values():
             for pid in procs.tgids:
                 procs.tids |= threads(pid)
-                procs.listen_ports |= listening_ports(pid)
+                if pid not in self.pid_ports:
+                    self.pid_ports[pid] = listening_ports(pid)
+                procs.listen_ports |= self.pid_ports[pid]
         return found
