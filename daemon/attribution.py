@@ -21,7 +21,8 @@ tail is):
   proportion to those rises; where the rises add up to less than the growth
   they are scaled up at most TAIL_GAIN times (a stall of the event loop
   delays every request queued behind it, so the tail gains several times the
-  mean), and whatever is left stays unexplained.
+  mean), and whatever is left stays unexplained. Tool calls the service times
+  itself first lose what its own stalls explain (a blocked loop reads replies late).
 - shares = credited seconds / excess. A downstream service's share is split
   again by its own explanation, so the answer names a path.
 - jitter (spread of per-window P99 over the horizon) is split by non-negative
