@@ -23,9 +23,10 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from bench.stack_capacity import closed_loop
+from daemon.runner import HISTORY_S
 from daemon.stack_config import for_reference_stack
 from reference_stack import launcher, loadgen
+from reference_stack.loadgen import closed_loop
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -153,9 +154,12 @@ def main(argv=None) -> int:
                 samples.append(dproc.memory_info().rss / 2**20)
                 time.sleep(10.0)
             loader.join()
-            print(f"RSS over {args.long_s:.0f} s at {args.rate / 2:.0f} q/s: first {samples[0]:.1f} MiB, "
-                  f"last {samples[-1]:.1f} MiB, max {max(samples):.1f} MiB "
-                  f"(growth {samples[-1] - samples[0]:+.1f} MiB)")
+            print(f"RSS over {args.long_s:.0f} s at {args.rate / 2:.0f} q/s, every 60 s (MiB): "
+                  + " ".join(f"{v:.0f}" for v in samples[::6]))
+            full = samples[int(HISTORY_S / 10):]   # once the daemon's window history is full
+            if len(full) > 1:
+                print(f"after the {HISTORY_S:.0f} s window history filled: {full[0]:.1f} -> {full[-1]:.1f} MiB "
+                      f"({full[-1] - full[0]:+.1f} MiB over {10 * (len(full) - 1)} s)")
     finally:
         stop_daemon(daemon)
         launcher.stop(cfg.run_dir)

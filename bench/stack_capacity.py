@@ -16,33 +16,12 @@ import tempfile
 import time
 from datetime import datetime, timezone
 
-import aiohttp
 import numpy as np
 
 from reference_stack import launcher
 from reference_stack.client import StackClient
-from reference_stack.corpus import QueryStream
-from reference_stack.loadgen import run_load, summarize
+from reference_stack.loadgen import closed_loop, run_load, summarize
 from reference_stack.model import ModelConfig
-
-
-async def closed_loop(url: str, clients: int, duration_s: float, seed: int) -> list[float]:
-    """Latencies of answered queries from `clients` clients that each send the next query on an answer."""
-    queries, latencies = QueryStream(seed=seed), []
-    deadline = time.monotonic() + duration_s
-
-    async def client(session):
-        while time.monotonic() < deadline:
-            began = time.monotonic()
-            async with session.post(url, json={"query": queries.next()}) as r:
-                await r.read()
-                if r.status == 200 and time.monotonic() <= deadline:
-                    latencies.append(time.monotonic() - began)
-
-    timeout = aiohttp.ClientTimeout(total=60)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients), timeout=timeout) as session:
-        await asyncio.gather(*(client(session) for _ in range(clients)))
-    return latencies
 
 
 def batches(client) -> tuple[float, float]:

@@ -3,6 +3,7 @@ the daemon, drives a load step past capacity and back, shows the live status
 while it runs, and ends with an HTML report whose path it prints."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -22,7 +23,10 @@ from daemon.stack_config import for_reference_stack
 from reference_stack import launcher, loadgen
 
 ROOT = Path(__file__).resolve().parents[1]
-GATEWAY_SLO_MS = 1500.0
+GATEWAY_SLO_MS = 600.0
+INFERENCE_SLO_MS = 500.0
+CALIBRATION_S = 10.0
+CALIBRATION_CLIENTS = 16
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,14 @@ def phases(capacity: float, scale: float = 1.0) -> list[Phase]:
     return [Phase("0.5x capacity", 0.5 * capacity, 30 * scale),
             Phase("1.5x capacity", 1.5 * capacity, 90 * scale),
             Phase("back to 0.5x", 0.5 * capacity, 45 * scale)]
+
+
+def measure_capacity(query_url: str) -> float:
+    """Answers/s of the fresh stack under closed-loop clients: the step's 1x."""
+    answered = asyncio.run(loadgen.closed_loop(query_url, CALIBRATION_CLIENTS, CALIBRATION_S, seed=0))
+    if not answered:
+        raise RuntimeError("the stack answered no query while measuring its capacity; see its logs")
+    return len(answered) / CALIBRATION_S
 
 
 def fetch_status(url: str) -> dict | None:
@@ -82,7 +94,7 @@ def phase_lines(results, slo_s: float) -> list[str]:
     return lines
 
 
-def run(run_dir: Path, capacity: float, scale: float, dry_run: bool, show_every_s: float = 10.0) -> Path:
+def run(run_dir: Path, capacity: float | None, scale: float, dry_run: bool, show_every_s: float = 10.0) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     gateway, inference, sidecar, sidecar_admin, redis_port, exporter, *tools = launcher.free_ports(9)
     stack_cfg = launcher.StackConfig(
@@ -94,8 +106,14 @@ def run(run_dir: Path, capacity: float, scale: float, dry_run: bool, show_every_
     state = launcher.start(stack_cfg)
     daemon = None
     try:
+        if capacity is None:
+            print(f"==> measuring the stack's capacity ({CALIBRATION_CLIENTS} closed-loop clients, "
+                  f"{CALIBRATION_S:.0f} s)", flush=True)
+            capacity = measure_capacity(state["query_url"])
+            print(f"    {capacity:.1f} queries/s", flush=True)
         config_path = run_dir / "slotune.toml"
-        config_path.write_text(for_reference_stack(state, exporter, run_dir, gateway_slo_ms=GATEWAY_SLO_MS))
+        config_path.write_text(for_reference_stack(state, exporter, run_dir, gateway_slo_ms=GATEWAY_SLO_MS,
+                                                   inference_slo_ms=INFERENCE_SLO_MS))
         url = f"http://127.0.0.1:{exporter}"
         print(f"==> starting slotune ({'dry-run' if dry_run else 'closed loop'}), config {config_path}", flush=True)
         daemon = start_daemon(config_path, run_dir, url, dry_run)

@@ -60,10 +60,6 @@ max_step = 0.2
 min = 0.0
 max = 60.0
 max_step = 5.0
-[services.gateway.settings.blocking_io_ms]
-min = 0
-max = 500
-max_step = 500
 
 [services.inference]
 cmdline = "reference_stack inference"

@@ -115,6 +115,25 @@ async def generate_load(url: str, rate: float, duration_s: float, profile: str =
     return records
 
 
+async def closed_loop(url: str, clients: int, duration_s: float, seed: int) -> list[float]:
+    """Latencies of answered queries from `clients` clients that each send the next query on an answer."""
+    queries, latencies = QueryStream(seed=seed), []
+    deadline = time.monotonic() + duration_s
+
+    async def client(session):
+        while time.monotonic() < deadline:
+            began = time.monotonic()
+            async with session.post(url, json={"query": queries.next()}) as r:
+                await r.read()
+                if r.status == 200 and time.monotonic() <= deadline:
+                    latencies.append(time.monotonic() - began)
+
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients), timeout=timeout) as session:
+        await asyncio.gather(*(client(session) for _ in range(clients)))
+    return latencies
+
+
 def run_load(url: str, rate: float, duration_s: float, **kwargs) -> list[Record]:
     """generate_load from synchronous code (a fresh event loop)."""
     return asyncio.run(generate_load(url, rate, duration_s, **kwargs))

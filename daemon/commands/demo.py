@@ -7,7 +7,7 @@ from pathlib import Path
 
 NAME = "demo"
 HELP = "run the reference stack and the daemon through a load step past capacity and back; write a report"
-EXAMPLES = """  slotune demo                                 # about 3 minutes; prints the report's path
+EXAMPLES = """  slotune demo                                 # about 3.5 minutes; prints the report's path
   slotune demo --capacity 20 --run-dir /tmp/demo
   slotune demo --dry-run                       # the same, but the daemon pushes nothing
 """
@@ -16,15 +16,15 @@ EXAMPLES = """  slotune demo                                 # about 3 minutes; 
 def add_arguments(parser) -> None:
     parser.add_argument("--run-dir", type=Path, default=Path("/tmp/slotune-demo"),
                         help="where the stack, the daemon's files and the report go (default: %(default)s)")
-    parser.add_argument("--capacity", type=float, default=12.0,
-                        help="the stack's capacity in queries/s on this host; the load steps to 1.5x it "
-                             "(python -m bench.stack_capacity measures it; default: %(default)s)")
+    parser.add_argument("--capacity", type=float, default=None,
+                        help="the stack's capacity in queries/s; the load steps to 1.5x it "
+                             "(default: measured at the start, 10 s of closed-loop clients)")
     parser.add_argument("--scale", type=float, default=1.0, help="stretch (>1) or shrink (<1) every load phase")
     parser.add_argument("--dry-run", action="store_true", help="the daemon decides and reports but pushes nothing")
 
 
 def run(args) -> int:
-    if args.capacity <= 0 or args.scale <= 0:
+    if (args.capacity is not None and args.capacity <= 0) or args.scale <= 0:
         print("slotune demo: --capacity and --scale must be > 0", file=sys.stderr)
         return 2
     from daemon import demo
