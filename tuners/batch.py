@@ -87,7 +87,10 @@ def _triton_decide(state: SizeState, obs: Observation):
 # --- slotune: fit batch time = a + c*b from the observed batches, then take the largest b
 # whose worst case (wait for one running batch, then run its own) fits the SLO; while P99
 # is over the SLO with most batches full (a backlog), grow by half each decision to drain
-# it, then decay back.
+# it, then decay back. While P99 is over the SLO with batches not full (slow batches, as
+# with heavy-tailed batch times, not a backlog), let a batch wait up to half its fixed cost
+# a to fill: fewer, fuller batches spend less time on a, so a slow batch leaves a shorter
+# queue behind it. The wait goes when P99 is back under 70 % of the SLO.
 @dataclass(frozen=True)
 class FitState:
     size: float
@@ -101,6 +104,7 @@ class FitState:
 
 MARGIN = 1.0     # two back-to-back batches within the SLO (their worst case is rare)
 FORGET = 0.7     # weight kept by older windows at each decision
+FILL_WAIT = 0.5  # queue delay, as a share of the fixed batch cost a, while slow batches break the SLO
 
 
 def _fit_init(settings):
@@ -135,23 +139,27 @@ def _slotune_decide(state: FitState, obs: Observation):
     why = f"batch time {a * 1e3:.1f} + {c * 1e3:.2f}*b ms: two batches fit the SLO up to b={fits:.0f}"
     ran = sum(count for _, count, _ in obs.batches)
     full = sum(count for size, count, _ in obs.batches if size >= state.size)
+    delay_ms = state.delay_ms
     if obs.p99_s > obs.slo_s and state.size >= int(fits) and full > ran / 2:  # a backlog: bigger batches drain it
         size, why = state.size * 1.5, why + f"; P99 {obs.p99_s * 1e3:.0f} ms over SLO: grow to drain the queue"
     elif obs.p99_s > 0.7 * obs.slo_s:
         size = max(fits, state.size)
+        if obs.p99_s > obs.slo_s:  # slow batches, not a backlog: fill them to spend less on a
+            delay_ms = FILL_WAIT * a * 1e3
+            why += f"; P99 {obs.p99_s * 1e3:.0f} ms over SLO with batches not full: wait {delay_ms:.1f} ms to fill"
     else:
-        size = max(fits, state.size * 0.8)
-    return _move_fit(nxt, size, why)
+        size, delay_ms = max(fits, state.size * 0.8), 0.0
+    return _move_fit(nxt, size, why, delay_ms)
 
 
-def _move_fit(state: FitState, size: float, why: str):
+def _move_fit(state: FitState, size: float, why: str, delay_ms: float = 0.0):
     size = clamp(float(int(size)), *SIZE_BOUNDS)
-    changes = changed(state.size, size, "max_batch_size") | changed(state.delay_ms, 0.0, "max_queue_delay_ms")
-    return replace(state, size=size, delay_ms=0.0), Decision(changes, why)
+    changes = changed(state.size, size, "max_batch_size") | changed(state.delay_ms, delay_ms, "max_queue_delay_ms")
+    return replace(state, size=size, delay_ms=delay_ms), Decision(changes, why)
 
 
 POLICIES = {
-    "slotune": Policy("slotune", "fit a + c*b, largest b whose 2(a+cb) fits the SLO, no queue delay",
+    "slotune": Policy("slotune", "fit a + c*b, largest b whose 2(a+cb) fits the SLO; wait a/2 to fill while slow batches miss it",
                       _fit_init, _slotune_decide),
     "whitepaper": Policy("whitepaper", "b = ((0.8*SLO - 8.3)/(2.1*1.28))^2, 1..128, every 30 s",
                          _size_init, _wp_decide),

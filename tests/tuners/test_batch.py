@@ -78,6 +78,18 @@ def test_slotune_grows_to_drain_a_backlog():
     assert "max_batch_size" not in d.changes                         # a slow batch, not a backlog
 
 
+def test_slotune_waits_to_fill_slow_batches_then_stops():
+    sl = P["slotune"]
+    s, _ = sl.decide(sl.initial_state(START), obs(p99=0.1, batches=((4, 10, 0.018), (16, 10, 0.042))))
+    # P99 over the SLO on batches well under the size (slow, not a backlog): wait a/2 = 10/2 ms to fill them
+    s, d = sl.decide(s, obs(p99=0.5, batches=((45, 2, 0.1), (10, 8, 0.03))))
+    assert set(d.changes) == {"max_queue_delay_ms"} and math.isclose(d.changes["max_queue_delay_ms"], 5.0)
+    _, d = sl.decide(s, obs(p99=0.16, batches=((10, 10, 0.03),)))
+    assert d.changes == {}                                           # 80 % of the SLO: keep waiting
+    _, d = sl.decide(s, obs(p99=0.1, batches=((10, 10, 0.03),)))
+    assert d.changes["max_queue_delay_ms"] == 0.0                    # 50 % of the SLO: no wait
+
+
 def test_policies_are_pure():
     seq = [obs(now=5.0 * k, p99=0.02 * k, batches=((k, 3, 0.01 + 0.002 * k), (2 * k, 3, 0.01 + 0.004 * k)))
            for k in range(1, 8)]
