@@ -40,7 +40,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from daemon import attribution_causes as causes
-from daemon.window import Window
+from daemon.window import Window, merged_latency
 
 DOMINANT_SHARE = 0.2     # a cause above this share of the excess is named
 TAIL_GAIN = 10.0         # most the tail may exceed the sum of the causes' mean rises: behind a
@@ -94,10 +94,9 @@ def merge(windows: Sequence[Window]) -> Window:
     """One Window spanning several: histograms and counters summed, gauges averaged."""
     first, last = windows[0], windows[-1]
     out = Window(first.service, first.start, last.end, last.slo_p99_s, latency_source=last.latency_source)
+    out.latency = merged_latency(list(windows))
     gauges: dict = {}
     for w in windows:
-        if w.latency is not None:
-            out.latency = w.latency if out.latency is None else out.latency.plus(w.latency)
         out.errors += w.errors
         out.rejected += w.rejected
         for key, h in w.histograms.items():

@@ -35,7 +35,8 @@ def render(status: dict) -> str:
     for name, s in status["services"].items():
         flag = "!" if s["p99_s"] is not None and s["p99_s"] > s["slo_p99_s"] else " "
         attribution = s.get("attribution") or {}
-        cause = attribution.get("verdict", "-")
+        top = attribution.get("top_cause")
+        cause = f"{top} {attribution['shares'][top]:.0%}" if top else ("no dominant cause" if attribution else "-")
         settings = " ".join(f"{k}={v:g}" for k, v in sorted(s["settings"].items()))
         if not s["control_reachable"]:
             settings += " (control API down)"

@@ -1,0 +1,20 @@
+"""What `slotune status` prints from the daemon's /status document."""
+from daemon.commands.status import render
+
+
+def service(p99_s, top="", shares=None, reachable=True):
+    return {"p50_s": 0.1, "p99_s": p99_s, "slo_p99_s": 0.6, "rate_rps": 40.0, "settings": {"concurrency_limit": 32},
+            "control_reachable": reachable, "attribution": {"top_cause": top, "shares": shares or {}}}
+
+
+def test_the_table_flags_slo_misses_names_the_top_cause_and_a_down_control_api():
+    table = render({"services": {"gateway": service(0.9, "downstream:inference", {"downstream:inference": 0.62}),
+                                 "inference": service(0.2, reachable=False)},
+                    "decisions": [{"t": 0, "service": "gateway", "setting": "concurrency_limit", "old": 40,
+                                   "new": 32, "outcome": "pushed", "reason": "queue P99 over budget"}],
+                    "dry_run": True})
+    gateway, inference = (line for line in table.splitlines() if line.startswith(("gateway", "inference")))
+    assert "900!" in gateway and "downstream:inference 62%" in gateway and "concurrency_limit=32" in gateway
+    assert "200 " in inference and "no dominant cause" in inference and "(control API down)" in inference
+    assert "(dry-run: nothing pushed)" in table
+    assert "gateway.concurrency_limit 40 -> 32 [pushed] queue P99 over budget" in table
