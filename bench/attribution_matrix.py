@@ -79,8 +79,7 @@ class DaemonLoop:
         from daemon.collectors.kernel.collector import KernelCollector
         from daemon.collectors.service_metrics import ServiceMetricsCollector
         from daemon.runner import Daemon
-        urls = {s.name: s.metrics_url for s in cfg.services}
-        self.daemon = Daemon(cfg, dry_run=True, collectors=[ServiceMetricsCollector(urls), KernelCollector()])
+        self.daemon = Daemon(cfg, dry_run=True, collectors=[ServiceMetricsCollector(), KernelCollector()])
         self.steps: list[tuple[float, dict]] = []
         self.step_cost: list[float] = []
         self.errors: list[str] = []

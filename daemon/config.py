@@ -64,7 +64,6 @@ class TunerConf:
 @dataclass(frozen=True)
 class ServiceConf:
     spec: ServiceSpec
-    metrics_url: str = ""
     latency_metric: str = ""
     downstream: tuple[str, ...] = ()
     control: Control | None = None
@@ -155,8 +154,10 @@ def _regex(file, key, value):
 
 
 def _service(file: Path, name: str, r: _Reader, default_tune_s: float) -> ServiceConf:
+    metrics_url = r.get("metrics_url", str, "")
     spec = ServiceSpec(
         name=name,
+        metrics_url=metrics_url,
         systemd_unit=r.get("systemd_unit", str),
         cgroup=r.get("cgroup", str),
         cmdline=_regex(file, r.key("cmdline"), r.get("cmdline", str)),
@@ -166,7 +167,6 @@ def _service(file: Path, name: str, r: _Reader, default_tune_s: float) -> Servic
     )
     if not any((spec.systemd_unit, spec.cgroup, spec.cmdline, spec.port)):
         raise ConfigError(file, r.where, "needs at least one of systemd_unit, cgroup, cmdline, port to find its processes")
-    metrics_url = r.get("metrics_url", str, "")
     latency_metric = r.get("latency_metric", str, "")
     if latency_metric and not metrics_url:
         raise ConfigError(file, r.key("latency_metric"), "needs metrics_url to read it from")
@@ -182,7 +182,7 @@ def _service(file: Path, name: str, r: _Reader, default_tune_s: float) -> Servic
                 raise ConfigError(file, r.key(f"settings.{setting}"),
                                   f"missing: tuner {tuner.name} changes it, so it needs min, max and max_step")
     r.done()
-    return ServiceConf(spec, metrics_url, latency_metric, downstream, control, tuners, settings)
+    return ServiceConf(spec, latency_metric, downstream, control, tuners, settings)
 
 
 def _peers(file, r: _Reader) -> dict[int, str]:

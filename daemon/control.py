@@ -57,6 +57,11 @@ class ServiceControl:
     held_until: dict[str, float] = field(default_factory=dict)
     rollbacks: dict[str, int] = field(default_factory=dict)
     stopped: set[str] = field(default_factory=set)     # tuners that cannot run on this service
+
+    @property
+    def control_ok(self) -> bool:
+        """False while the service has a control surface that does not answer."""
+        return self.reachable or self.actuator is None
     pending: list[Pending] = field(default_factory=list)
     retry_at: float = 0.0
     backoff_s: float = 1.0

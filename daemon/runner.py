@@ -66,13 +66,12 @@ class Daemon:
     @staticmethod
     def _default_collectors(cfg):
         """The service's own metrics, the kernel probes, and the GPUs the services' processes use."""
-        urls = {s.name: s.metrics_url for s in cfg.services if s.metrics_url}
         kernel = KernelCollector(list(cfg.probes))
 
         def pids_of(service: str) -> set[int]:
             procs = kernel.targets.get(service)
             return set(procs.tgids) if procs else set()
-        return [ServiceMetricsCollector(urls), kernel, NvmlCollector(pids_of=pids_of)]
+        return [ServiceMetricsCollector(), kernel, NvmlCollector(pids_of=pids_of)]
 
     @staticmethod
     def _actuators(cfg):
@@ -145,8 +144,6 @@ class Daemon:
             self.cfg = new
             specs = [s.spec for s in new.services]
             for c in self.collectors:
-                if isinstance(c, ServiceMetricsCollector):
-                    c.urls = {s.name: s.metrics_url for s in new.services if s.metrics_url}
                 c.update_services(specs)
             self.control.reconfigure(new, self._actuators(new))
         log.info("config reloaded from %s: %d service(s)", new.path, len(new.services))
@@ -181,7 +178,7 @@ class Daemon:
             entries = self.control.tick(end, {k: list(v) for k, v in self.history.items()})
             self.metrics.observe_decisions(entries)
             for name, sc in self.control.services.items():
-                self.metrics.reachable[name] = sc.reachable or sc.actuator is None
+                self.metrics.reachable[name] = sc.control_ok
                 for setting, value in sc.settings.items():
                     if setting in sc.conf.settings:
                         self.metrics.settings[(name, setting)] = value
@@ -235,7 +232,7 @@ class Daemon:
                     "errors": w.errors if w else 0.0,
                     "latency_source": w.latency_source if w else "",
                     "settings": {k: v for k, v in (sc.settings if sc else {}).items() if k in svc.settings},
-                    "control_reachable": bool(sc and (sc.reachable or sc.actuator is None)),
+                    "control_reachable": bool(sc and sc.control_ok),
                     "attribution": exp.as_status() if (exp := self.metrics.attribution.get(svc.name)) else None,
                 }
             decisions = [e.__dict__ for e in list(self.audit.recent)[-20:]]

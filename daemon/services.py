@@ -13,6 +13,7 @@ class ServiceSpec:
     cgroup: str | None = None            # path under /sys/fs/cgroup
     cmdline: str | None = None           # regular expression over the joined command line
     port: int | None = None              # a TCP port the service listens on
+    metrics_url: str = ""                # its own Prometheus /metrics, when it has one
     slo_p99_s: float = 0.5
     # Remote ports that name peers, e.g. {8000: "inference"}; others count as "other".
     peers: dict[int, str] = field(default_factory=dict)

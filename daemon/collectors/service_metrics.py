@@ -46,8 +46,8 @@ class ServiceMetricsCollector:
     reported once (and again when it comes back) and yields no sample."""
     name = "service_metrics"
 
-    def __init__(self, urls: dict[str, str], timeout_s: float = 0.8):
-        self.urls = dict(urls)
+    def __init__(self, timeout_s: float = 0.8):
+        self.urls: dict[str, str] = {}      # service -> its metrics_url
         self.timeout_s = timeout_s
         self.previous: dict[str, tuple[dict, dict]] = {}
         self.failing: set[str] = set()
@@ -57,11 +57,10 @@ class ServiceMetricsCollector:
         return True
 
     def start(self, services: list[ServiceSpec]) -> None:
-        pass
+        self.update_services(services)
 
     def update_services(self, services: list[ServiceSpec]) -> None:
-        names = {s.name for s in services}
-        self.urls = {k: v for k, v in self.urls.items() if k in names}
+        self.urls = {s.name: s.metrics_url for s in services if s.metrics_url}
 
     def scrape(self, service: str, url: str):
         try:

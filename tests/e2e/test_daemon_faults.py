@@ -75,8 +75,7 @@ def test_a_change_that_worsens_p99_is_rolled_back_within_two_intervals(stack, tm
         gateway_tuners="[services.gateway.tuners.throttle]\npolicy = \"harmful\"\ninterval_s = 2.0\n")
         + "[services.gateway.settings.blocking_io_ms]\nmin = 0\nmax = 500\nmax_step = 500\n")
     cfg = config.load(tmp_path / "slotune.toml")
-    urls = {s.name: s.metrics_url for s in cfg.services}
-    daemon = Daemon(cfg, collectors=[ServiceMetricsCollector(urls)])
+    daemon = Daemon(cfg, collectors=[ServiceMetricsCollector()])
     daemon.start()
     try:
         load = background_load(stack, 5, 18)
