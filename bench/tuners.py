@@ -1,5 +1,6 @@
 """Rank every tuner policy on every scenario in closed-loop simulation (bench/sim) and
-print one markdown table per tuner: median [IQR] over seeds, primary metric marked.
+print one markdown table per tuner: median [IQR] over seeds (a column named mean: the mean),
+primary metric marked.
 
     python -m bench.tuners            # full run (10 seeds), what the README quotes
     python -m bench.tuners --quick    # 3 short seeds, for a smoke test
@@ -44,34 +45,43 @@ def run(tuners, seeds: int, quick: bool, workers: int) -> dict:
     return results
 
 
-def _fmt(values) -> str:
+def _fmt(values, how: str = "median") -> str:
     v = np.asarray(values, float)
     v = v[np.isfinite(v)]
     if v.size == 0:
         return "–"
+    if how == "mean":
+        return f"{v.mean():.2f}"
     q1, med, q3 = np.percentile(v, (25, 50, 75))
     digits = 0 if abs(med) >= 100 else 1 if abs(med) >= 10 else 3
     return f"{med:.{digits}f} [{q1:.{digits}f}–{q3:.{digits}f}]"
 
 
+def columns(mod):
+    """(metric key, label, "high"/"low" is better, "median" or "mean" over seeds) per table column."""
+    return [(m + ("median",))[:4] for m in mod.METRICS]
+
+
 def best_policy(mod, results, tuner: str, scenario: str) -> str:
+    """The non-oracle policy with the best median of the primary metric; a tie goes to the best mean."""
     key = primary(mod, scenario)
-    higher = dict((m, d) for m, _, d in mod.METRICS)[key] == "high"
-    medians = {p: float(np.nanmedian(results[(tuner, scenario, p)][key])) for p in mod.POLICIES if p != "oracle"}
-    return (max if higher else min)(medians, key=medians.get)
+    sign = 1 if next(d for m, _, d, _ in columns(mod) if m == key) == "high" else -1
+    score = {p: tuple(sign * float(f(results[(tuner, scenario, p)][key])) for f in (np.nanmedian, np.nanmean))
+             for p in mod.POLICIES if p != "oracle"}
+    return max(score, key=score.get)
 
 
 def table(tuner: str, results) -> str:
     mod = bench_module(tuner)
-    head = ["scenario", "policy"] + [label for _, label, _ in mod.METRICS]
+    head = ["scenario", "policy"] + [label for _, label, _, _ in columns(mod)]
     lines = [f"### {tuner}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in mod.SCENARIOS:
         best = best_policy(mod, results, tuner, s)
         for p in mod.POLICIES:
             cells = []
-            for key, _, _ in mod.METRICS:
-                text = _fmt(results[(tuner, s, p)][key])
-                cells.append(f"**{text}**" if key == primary(mod, s) else text)
+            for key, _, _, how in columns(mod):
+                text = _fmt(results[(tuner, s, p)][key], how)
+                cells.append(f"**{text}**" if key == primary(mod, s) and how == "median" else text)
             name = f"{p} ✓" if p == best else p
             lines.append("| " + " | ".join([s, name] + cells) + " |")
     lines.append("")
@@ -92,7 +102,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     results = run(tuners, seeds, args.quick, max(1, args.workers))
     print(f"slotune tuner ranking: median [IQR] over {seeds} seeds{' (quick)' if args.quick else ''}; "
-          f"primary metric in bold, ✓ = best non-oracle policy on it\n")
+          f"primary metric in bold, ✓ = best non-oracle policy on it (a tie on the median goes to the better mean)\n")
     for t in tuners:
         print(table(t, results))
     print(f"elapsed {time.perf_counter() - start:.0f} s with {args.workers} workers")

@@ -67,19 +67,18 @@ def test_siegmund_matches_the_textbook_run_length():
 
 
 def test_slotune_ignores_one_outlier_window_but_not_a_sustained_shift():
-    # sigma 2 %: k = log(1.1) / 2 / 0.02 = 2.38, h = 2.5; no MAD given: jump limit 5 sigma
-    assert alerts("slotune", [1.09, 1.0, 1.0, 1.0]) == [False] * 4
-    assert alerts("slotune", [1.10, 1.10]) == [False, True]
-    assert alerts("slotune", [1.12]) == [True]                           # 5.6 sigma in one window
+    # sigma = 2 % * sqrt(1 + 1/168) = 0.02006; fast CUSUM k = log(1.1) / 2 / sigma = 2.38, h = 2.5
+    assert alerts("slotune", [1.07, 1.0, 1.0, 1.0]) == [False] * 4      # z 3.37: up 0.99, then 0
+    assert alerts("slotune", [1.08, 1.08]) == [False, True]             # z 3.84 twice: up 1.46, 2.92 > 2.5
     assert alerts("slotune", [1.02] * 40).index(True) > 10                # creeping: the slow CUSUM
 
 
-def test_jump_limit_rises_for_heavy_tailed_baselines():
-    gaussian = drift.Baseline(1.0, 0.02, 168, mad=0.02 / 1.4826)
-    heavy = drift.Baseline(1.0, 0.02, 168, mad=0.01 / 1.4826)
-    assert drift.jump_limit(gaussian) == 4.0
-    assert drift.jump_limit(heavy) == 6.0
-    assert drift.jump_limit(BASE) == 5.0
+def test_slotune_alarms_in_one_window_on_a_rise_only():
+    assert alerts("slotune", [1.09]) == [True]                            # z 4.30 > 4: a regression
+    # a fall of the same size is an improvement: the fast CUSUM gets z clipped to -(k + 0.99 h)
+    # = -4.85, down 2.47 < 2.5, and reports it from the second window
+    assert alerts("slotune", [0.91, 0.91]) == [False, True]
+    assert alerts("slotune", [0.5, 0.5]) == [False, True]
 
 
 def test_policies_are_pure():
