@@ -91,6 +91,12 @@ def _triton_decide(state: SizeState, obs: Observation):
 # with heavy-tailed batch times, not a backlog), let a batch wait up to half its fixed cost
 # a to fill: fewer, fuller batches spend less time on a, so a slow batch leaves a shorter
 # queue behind it. The wait goes when P99 is back under 70 % of the SLO.
+# The size bound assumes batch times are predictable. The fit also measures how widely
+# they scatter (their CV, from how the per-size means of one window spread around it, so a
+# slowdown common to the window cancels); when even two batches of size 1 would break the
+# SLO at the P99 of a lognormal with that CV, no size keeps the worst case within the SLO,
+# and the bound only slows the draining of the queue a slow batch leaves: the size goes to
+# the top of its range, and one free instance takes that whole queue in one batch.
 @dataclass(frozen=True)
 class FitState:
     size: float
@@ -100,11 +106,14 @@ class FitState:
     st: float = 0.0
     sbb: float = 0.0
     sbt: float = 0.0
+    spread: float = 0.0  # forgotten sum of count * (relative residual - window mean)^2 ...
+    spread_df: float = 0.0  # ... and of its degrees of freedom (sizes seen per window - 1)
 
 
 MARGIN = 1.0     # two back-to-back batches within the SLO (their worst case is rare)
 FORGET = 0.7     # weight kept by older windows at each decision
 FILL_WAIT = 0.5  # queue delay, as a share of the fixed batch cost a, while slow batches break the SLO
+Z99 = 2.326      # standard normal 99th percentile
 
 
 def _fit_init(settings):
@@ -121,6 +130,24 @@ def fit_latency(state: FitState) -> tuple[float, float] | None:
     return max(a, 0.0), max(c, 1e-9)
 
 
+def scatter(batches, a: float, c: float) -> tuple[float, float]:
+    """(sum of count * (r - r_window)^2, degrees of freedom) for the relative residuals r of the
+    window's per-size mean batch times around a + c*b: each mean of n batches has variance
+    CV^2 / n, so the sum over the sizes has expectation (sizes - 1) * CV^2."""
+    if len(batches) < 2:
+        return 0.0, 0.0
+    res = [(count, mean / (a + c * size) - 1) for size, count, mean in batches]
+    n = sum(count for count, _ in res)
+    centre = sum(count * r for count, r in res) / n
+    return sum(count * (r - centre) ** 2 for count, r in res), len(res) - 1.0
+
+
+def p99_factor(cv2: float) -> float:
+    """P99 / mean of a lognormal whose squared coefficient of variation is cv2."""
+    sigma2 = math.log1p(cv2)
+    return math.exp(Z99 * math.sqrt(sigma2) - sigma2 / 2)
+
+
 def _slotune_decide(state: FitState, obs: Observation):
     f = FORGET
     n, sb, st, sbb, sbt = (state.n * f, state.sb * f, state.st * f, state.sbb * f, state.sbt * f)
@@ -135,8 +162,15 @@ def _slotune_decide(state: FitState, obs: Observation):
     if model is None:  # explore: one bigger size teaches the slope
         return _move_fit(nxt, state.size * 2 if obs.batches else state.size, "learning the batch-time slope")
     a, c = model
+    ss, df = scatter(obs.batches, a, c)
+    nxt = replace(nxt, spread=state.spread * f + ss, spread_df=state.spread_df * f + df)
+    cv2 = nxt.spread / nxt.spread_df if nxt.spread_df > 0 else 0.0
     fits = (MARGIN * obs.slo_s / 2 - a) / c
     why = f"batch time {a * 1e3:.1f} + {c * 1e3:.2f}*b ms: two batches fit the SLO up to b={fits:.0f}"
+    if 2 * (a + c) * p99_factor(cv2) > MARGIN * obs.slo_s:
+        fits = SIZE_BOUNDS[1]
+        why = (f"batch time {a * 1e3:.1f} + {c * 1e3:.2f}*b ms, CV {math.sqrt(cv2):.2f}: at P99 no size keeps two "
+               f"batches within the SLO, so no bound on b: a free instance drains a slow batch's queue at once")
     ran = sum(count for _, count, _ in obs.batches)
     full = sum(count for size, count, _ in obs.batches if size >= state.size)
     delay_ms = state.delay_ms
@@ -159,7 +193,7 @@ def _move_fit(state: FitState, size: float, why: str, delay_ms: float = 0.0):
 
 
 POLICIES = {
-    "slotune": Policy("slotune", "fit a + c*b, largest b whose 2(a+cb) fits the SLO; wait a/2 to fill while slow batches miss it",
+    "slotune": Policy("slotune", "fit a + c*b, largest b whose 2(a+cb) fits the SLO (none if batch times are too spread); wait a/2 to fill while slow batches miss it",
                       _fit_init, _slotune_decide),
     "whitepaper": Policy("whitepaper", "b = ((0.8*SLO - 8.3)/(2.1*1.28))^2, 1..128, every 30 s",
                          _size_init, _wp_decide),

@@ -90,6 +90,35 @@ def test_slotune_waits_to_fill_slow_batches_then_stops():
     assert d.changes["max_queue_delay_ms"] == 0.0                    # 50 % of the SLO: no wait
 
 
+def test_scatter_measures_the_spread_of_per_size_means_around_the_fit():
+    # fit 10 ms + 2 ms*b: means of 10 batches at b = 4 and 16, 10 % above and 10 % below it
+    ss, df = batch.scatter(((4, 10, 0.018 * 1.1), (16, 10, 0.042 * 0.9)), 0.010, 0.002)
+    assert math.isclose(ss, 10 * 0.1 ** 2 + 10 * 0.1 ** 2) and df == 1.0   # CV^2 estimate 0.2
+    ss, df = batch.scatter(((4, 10, 0.018 * 1.5), (16, 10, 0.042 * 1.5)), 0.010, 0.002)
+    assert math.isclose(ss, 0.0, abs_tol=1e-12) and df == 1.0             # a common slowdown cancels
+    assert batch.scatter(((4, 10, 0.03),), 0.010, 0.002) == (0.0, 0.0)    # one size: no estimate
+
+
+def test_p99_factor_of_a_lognormal():
+    assert batch.p99_factor(0.0) == 1.0
+    assert math.isclose(batch.p99_factor(math.e - 1), math.exp(2.326 - 0.5))   # sigma 1: P99 = 6.21 x mean
+
+
+def test_slotune_lifts_the_size_bound_when_batch_times_are_too_spread():
+    sl = P["slotune"]
+    # 1000 batches at each size pin the fit to 10 ms + 2 ms*b; the next windows barely move it
+    s, _ = sl.decide(sl.initial_state(START), obs(p99=0.1, batches=((4, 1000, 0.018), (16, 1000, 0.042))))
+    assert s.size == 45.0 and math.isclose(s.spread, 0.0, abs_tol=1e-12) and s.spread_df == 1.0
+    # means of 10 batches 5 % above and below: CV^2 = 10 * 2 * 0.05^2 / (0.7 + 1) = 0.03, P99 1.47 x mean;
+    # two batches of b = 1 then take 2 * 12 ms * 1.47 = 35 ms, within the 200 ms SLO: the bound stays
+    _, d = sl.decide(s, obs(p99=0.1, batches=((4, 10, 0.018 * 1.05), (16, 10, 0.042 * 0.95))))
+    assert "max_batch_size" not in d.changes
+    # 2x and 0.2x: residuals +1 and -0.8 around their mean 0.1, CV^2 = 10 * 2 * 0.9^2 / 1.7 = 9.5,
+    # P99 = exp(2.326 * 1.53 - 2.35 / 2) = 10.9 x mean: two batches of b = 1 take 262 ms > 200 ms
+    _, d = sl.decide(s, obs(p99=0.5, batches=((4, 10, 0.018 * 2), (16, 10, 0.042 * 0.2))))
+    assert d.changes["max_batch_size"] == 128.0 and "no bound on b" in d.reason
+
+
 def test_policies_are_pure():
     seq = [obs(now=5.0 * k, p99=0.02 * k, batches=((k, 3, 0.01 + 0.002 * k), (2 * k, 3, 0.01 + 0.004 * k)))
            for k in range(1, 8)]
