@@ -26,7 +26,7 @@ class Baseline:
 @dataclass(frozen=True)
 class Observation:
     now: float
-    value: float                      # this window's value of the metric (e.g. median latency, s)
+    value: float                      # this window's value of the metric: a latency (s), higher is worse
     baseline: Baseline
     samples: tuple[float, ...] = ()   # raw observations of this window
 
