@@ -1,4 +1,4 @@
-"""Drift tuner: raise an alert when a service metric has moved off its baseline.
+"""Drift tuner: raise an alert when a service's latency has moved off its baseline (a rise is the regression).
 
 It changes no setting: Decision.alert is the output. The baseline (a summary of the
 windows of the last 7 days for one (service, metric, environment, deploy_id)) is kept
