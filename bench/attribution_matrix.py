@@ -131,7 +131,13 @@ def judge(fault, steps: list[tuple[float, dict]], t_on: float, settle: int) -> d
     if not on:
         raise RuntimeError(f"{fault.name}: the daemon recorded no window while the fault was on")
     steady = roots[settle:] or roots
-    reported = collections.Counter(f"{s}:{c}" if s else "none" for s, c, _ in steady).most_common(1)[0][0]
+    # Every (service, cause) the fault counts as named under votes as its first one: a TLS handshake
+    # named at the gateway in one window and at the sidecar in the next is one answer.
+    canonical = ":".join(fault.expected[0])
+
+    def label(service: str, cause: str) -> str:
+        return "none" if not service else canonical if fault.correct(service, cause) else f"{service}:{cause}"
+    reported = collections.Counter(label(s, c) for s, c, _ in steady).most_common(1)[0][0]
     leaf = [max((share_of(ex, s, c) for s, c in fault.expected), default=0.0) for _, ex in on[settle:]]
     e2e = [share if ok else 0.0 for (_, _, share), ok in zip(roots[settle:], correct[settle:])]
     top_shares = [max(ex["gateway"].shares.values(), default=0.0) for _, ex in on if "gateway" in ex]
@@ -142,7 +148,14 @@ def judge(fault, steps: list[tuple[float, dict]], t_on: float, settle: int) -> d
             "leaf_share": sum(leaf) / len(leaf) if leaf else 0.0, "e2e_share": sum(e2e) / len(e2e) if e2e else 0.0,
             "max_top_share": max(top_shares, default=0.0), "windows": len(on),
             "tail_at": first_tail, "detected_at": first_ok,
-            "verdicts": [ex["gateway"].verdict for _, ex in on if "gateway" in ex]}
+            "verdicts": [_detail(ex["gateway"]) for _, ex in on if "gateway" in ex]}
+
+
+def _detail(exp) -> str:
+    """A window's verdict with the figures behind it (for --verbose)."""
+    rises = sorted(((e["rise_s"], c) for c, e in exp.evidence.items() if e["rise_s"] > 0), reverse=True)[:3]
+    return (f"{exp.verdict}  [P50 {exp.p50_s * 1e3:.1f} P99 {exp.p99_s * 1e3:.1f} growth {exp.growth_s * 1e3:+.1f} "
+            f"noise {exp.noise_s * 1e3:.1f} ms; rises " + ", ".join(f"{c} {r * 1e3:.2f}" for r, c in rises) + "]")
 
 
 def report(results: list[dict], faults) -> str:

@@ -10,20 +10,26 @@ tail is):
   must be compared with P99s of 30 requests, not of 3000), leaving out
   disturbed spans (P99 above the median by more than 3 robust deviations);
   the baseline's P50, P99 and cause readings are medians over its spans.
-- excess = P99(recent) - P50(baseline): the tail to explain. It splits into
-  the usual tail (P99 - P50 of the baseline), a noise band (2 robust
-  deviations of the spans' P99, at least 5 % of it) and the growth beyond that.
+- the request timing is the kernel's (eBPF HTTP, fine buckets) where it has
+  one, else the service's own histogram. growth = how far the recent span moved
+  over the baseline: its P99 (the tail grew), or its P50 when every request
+  slowed (a per-request cost moves the P50 as far, and the P50 of a few dozen
+  requests is far steadier), whichever stands further beyond its noise band
+  (2 robust deviations of the spans' values plus 5 % of the baseline). Only
+  growth beyond the noise band is attributed. excess = P99(recent) -
+  P50(baseline), the whole tail, is reported beside it.
 - every cause is read as seconds a tail request gains from it
-  (daemon/attribution_causes.py); a downstream service as its own P99; a cause
-  is credited with its rise beyond its own usual band (median + 2 robust
-  deviations over the baseline spans; for a downstream service, its growth
-  beyond its noise band). The growth is split in
+  (daemon/attribution_causes.py); a downstream service as its own P99 or P50,
+  whichever moved here; a cause is credited with its rise beyond its own usual
+  band (median + 2 robust deviations over the baseline spans; for a downstream
+  service, its growth beyond its noise band). The growth is split in
   proportion to those rises; where the rises add up to less than the growth
   they are scaled up at most TAIL_GAIN times (a stall of the event loop
   delays every request queued behind it, so the tail gains several times the
   mean), and whatever is left stays unexplained. Tool calls the service times
   itself first lose what its own stalls explain (a blocked loop reads replies late).
-- shares = credited seconds / excess. A downstream service's share is split
+- shares = credited seconds / growth: what made the tail move. What was
+  there all along (the usual tail) is nobody's share. A downstream service's share is split
   again by its own explanation, so the answer names a path.
 - jitter (spread of per-window P99 over the horizon) is split by non-negative
   regression of per-window P99 on per-window cause readings (scipy nnls);
@@ -40,7 +46,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from daemon import attribution_causes as causes
-from daemon.window import Window, merged_latency
+from daemon.window import EBPF_LATENCY, Window, merged_latency
 
 DOMINANT_SHARE = 0.2     # a cause above this share of the excess is named
 TAIL_GAIN = 10.0         # most the tail may exceed the sum of the causes' mean rises: behind a
@@ -48,9 +54,11 @@ TAIL_GAIN = 10.0         # most the tail may exceed the sum of the causes' mean 
 NOISE_SIGMAS = 2.0
 NOISE_FLOOR_RATIO = 0.05  # growth under 5 % of the baseline P99 is noise
 NOISE_FLOOR_S = 0.0005
+CORROBORATION = 0.5      # rises covering this much of a growth halve the band it must clear
 MIN_BASELINE_SPANS = 5
 RECENT_S = 2.0           # the span judged: two collection windows at the default 1 s
 HORIZON_S = 300.0        # look-back: a fault stays named until it fills half of it
+SAME_REQUESTS = 0.8       # the kernel's request count within this of the service's own: same requests
 BASELINE_SPANS = 60      # the calm spans the baseline is summarised from, latest first
 
 
@@ -59,12 +67,14 @@ class Explanation:
     service: str
     verdict: str
     top_cause: str = ""                                  # "" = no dominant cause
-    shares: dict[str, float] = field(default_factory=dict)        # cause -> share of excess
+    shares: dict[str, float] = field(default_factory=dict)        # cause -> share of the growth
     confidence: float = 0.0
     excess_s: float = 0.0                                # P99 recent - P50 baseline
-    growth_s: float = 0.0                                # P99 recent - P99 baseline
+    growth_s: float = 0.0                                # what moved (below) recent - baseline
+    moved: str = "P99"                                   # "P99", or "P50" when every request slowed
     usual_tail_s: float = 0.0                            # P99 - P50 of the baseline
     noise_s: float = 0.0                                 # growth within this is noise
+    moves: dict[str, tuple[float, float]] = field(default_factory=dict)   # "P99"/"P50" -> (growth, noise band)
     p50_s: float = math.nan
     p99_s: float = math.nan
     jitter_s: float = 0.0                                # std of per-window P99 over the horizon
@@ -87,6 +97,7 @@ class Explanation:
         return {"verdict": self.verdict, "top_cause": self.top_cause, "shares": self.shares,
                 "confidence": self.confidence, "evidence": self.evidence,
                 "path": [list(p) for p in self.path], "excess_s": self.excess_s, "growth_s": self.growth_s,
+                "moved": self.moved,
                 "jitter_s": self.jitter_s, "jitter_shares": self.jitter_shares}
 
 
@@ -109,6 +120,28 @@ def merge(windows: Sequence[Window]) -> Window:
     return out
 
 
+def timing_source(windows: Sequence[Window]) -> str:
+    """Which request timing attribution reads over these windows: the kernel's
+    ("ebpf") where it timed the service's requests, whose log-linear buckets
+    resolve ±4.5 % at any latency, else the service's own ("service"; Prometheus'
+    default buckets put 10–25 ms in one bucket, where every request slowed by
+    4 ms leaves the interpolated P50 and P99 where they were). The kernel must
+    have seen about as many requests as the service counted, not only its
+    metrics scrapes (a TLS service's requests are encrypted, its /metrics is not);
+    counted over all the windows, as a scrape and a map read never split one
+    second the same way."""
+    kernel = sum(w.histograms[EBPF_LATENCY].count for w in windows if EBPF_LATENCY in w.histograms)
+    own = sum(w.latency.count for w in windows if w.latency_source == "service" and w.latency is not None)
+    return "ebpf" if kernel and kernel >= SAME_REQUESTS * own else "service"
+
+
+def request_timing(w: Window, source: str):
+    """The window's request-timing histogram from `source`, or None."""
+    if source == "ebpf":
+        return w.histograms.get(EBPF_LATENCY)
+    return w.latency if w.latency_source == source else None
+
+
 @dataclass
 class _Stats:
     """What attribution reads from one span: its median, its P99 and every cause."""
@@ -117,17 +150,19 @@ class _Stats:
     readings: dict[str, causes.Reading]
 
 
-_spans: dict[tuple[int, int, int], tuple[weakref.ref, weakref.ref, _Stats]] = {}
+_spans: dict[tuple[int, int, int, str], tuple[weakref.ref, weakref.ref, _Stats]] = {}
 
 
-def _stats(ws: Sequence[Window]) -> _Stats:
+def _stats(ws: Sequence[Window], source: str) -> _Stats:
     """_Stats of windows merged; remembered while they live (collected windows never change)."""
-    key = (id(ws[0]), id(ws[-1]), len(ws))
+    key = (id(ws[0]), id(ws[-1]), len(ws), source)
     hit = _spans.get(key)
     if hit is not None and hit[0]() is ws[0] and hit[1]() is ws[-1]:
         return hit[2]
     span = merge(ws)
-    value = _Stats(span.p(0.5), span.p(0.99), causes.read_all(span))
+    timing = request_timing(span, source)
+    p50, p99 = (timing.quantile(0.5), timing.quantile(0.99)) if timing is not None else (math.nan, math.nan)
+    value = _Stats(p50, p99, causes.read_all(span))
     _spans[key] = (weakref.ref(ws[0]), weakref.ref(ws[-1]), value)
     if len(_spans) > 100_000:
         for k in [k for k, (a, b, _) in _spans.items() if a() is None or b() is None]:
@@ -141,9 +176,11 @@ class _Split:
     recent: _Stats
     baseline: list[_Stats]       # calm spans of recent_s each, oldest first
     windows: list[Window]        # the horizon, with requests, oldest first
+    source: str                  # the request timing read (timing_source)
     p50: float                   # baseline medians over its spans
     p99: float
     sigma_s: float               # robust spread of the spans' P99
+    p50_sigma_s: float           # and of their P50
 
 
 def _chunks(windows: list[Window], span_s: float) -> list[list[Window]]:
@@ -160,26 +197,33 @@ def _chunks(windows: list[Window], span_s: float) -> list[list[Window]]:
 def _split(windows: Sequence[Window], now: float, recent_s: float, horizon_s: float) -> _Split | None:
     """Quantiles of a few windows are compared with quantiles of as many windows
     (a P99 of 30 requests sits below the P99 of 3000), so the baseline is a set
-    of spans as long as the recent one, summarised by medians."""
-    live = [w for w in windows if w.requests and now - horizon_s < w.end <= now]
-    if live:   # one latency source throughout: the service's own histogram, or eBPF while it has none
-        live = [w for w in live if w.latency_source == live[-1].latency_source]
+    of spans as long as the recent one, summarised by medians over the spans whose
+    P50 and P99 are both usual (an earlier fault, or its aftermath, is left out)."""
+    horizon = [w for w in windows if now - horizon_s < w.end <= now]
+    source = timing_source(horizon)
+    live = [w for w in horizon if (h := request_timing(w, source)) is not None and h.count]
     recent = [w for w in live if w.end > now - recent_s]
     older = [w for w in live if w.end <= now - recent_s]
-    spans = [_stats(c) for c in _chunks(older, recent_s)]
+    spans = [_stats(c, source) for c in _chunks(older, recent_s)]
     if not recent or len(spans) < MIN_BASELINE_SPANS:
         return None
-    p99 = np.array([s.p99 for s in spans])
-    med = float(np.median(p99))
-    sigma = 1.4826 * float(np.median(np.abs(p99 - med)))
-    calm = [s for s, v in zip(spans, p99) if v <= med + 3 * sigma + NOISE_FLOOR_S][-BASELINE_SPANS:]
-    calm_p99 = np.array([s.p99 for s in calm])
-    return _Split(_stats(recent), calm, live, float(np.median([s.p50 for s in calm])), float(np.median(calm_p99)),
-                  1.4826 * float(np.median(np.abs(calm_p99 - np.median(calm_p99)))))
+    p50, p99 = np.array([s.p50 for s in spans]), np.array([s.p99 for s in spans])
+
+    def usual(v: np.ndarray) -> np.ndarray:
+        return v <= np.median(v) + 3 * _robust_sd(v) + NOISE_FLOOR_S
+    calm = [s for s, ok in zip(spans, usual(p50) & usual(p99)) if ok][-BASELINE_SPANS:]
+    calm_p50, calm_p99 = np.array([s.p50 for s in calm]), np.array([s.p99 for s in calm])
+    return _Split(_stats(recent, source), calm, live, source, float(np.median(calm_p50)),
+                  float(np.median(calm_p99)), _robust_sd(calm_p99), _robust_sd(calm_p50))
 
 
-def _rises(split: _Split, downstream: Mapping[str, "Explanation"], skip_tools: set[str]) -> dict[str, dict]:
-    """cause -> evidence: the baseline (median over its spans) and recent readings, and the rise (s)."""
+def _robust_sd(values: np.ndarray) -> float:
+    return 1.4826 * float(np.median(np.abs(values - np.median(values))))
+
+
+def _rises(split: _Split, skip_tools: set[str]) -> dict[str, dict]:
+    """The service's own causes -> evidence: the baseline (median over its spans) and
+    recent readings, and the rise (s)."""
     now = split.recent.readings
     known = set(now).union(*(s.readings for s in split.baseline)) - skip_tools
     out = {}
@@ -188,19 +232,28 @@ def _rises(split: _Split, downstream: Mapping[str, "Explanation"], skip_tools: s
         ref = now.get(cause) or next(r for r in base if r is not None)
         values = np.array([r.value_s if r else 0.0 for r in base])
         median = float(np.median(values))
-        usual = median + NOISE_SIGMAS * 1.4826 * float(np.median(np.abs(values - median)))
+        usual = median + NOISE_SIGMAS * _robust_sd(values)
         r = now.get(cause)
         out[cause] = {"signal": ref.signal, "unit": ref.unit,
                       "baseline": float(np.median([r.raw if r else 0.0 for r in base])),
                       "recent": r.raw if r else 0.0, "rise_s": max((r.value_s if r else 0.0) - usual, 0.0)}
+    return out
+
+
+def _downstream_rises(downstream: Mapping[str, "Explanation"], moved: str) -> dict[str, dict]:
+    """Each callee read by the same quantile that moved here: a P50 shift is made of the
+    callees' P50 shifts, a P99 growth of their P99 growth; each beyond its noise band."""
+    out = {}
     for name, exp in downstream.items():
-        if math.isfinite(exp.p99_s):
-            out[f"downstream:{name}"] = {"signal": f"{name} P99", "unit": "s", "baseline": exp.p99_s - exp.growth_s,
-                                         "recent": exp.p99_s, "rise_s": max(exp.growth_s - exp.noise_s, 0.0)}
+        growth, noise = exp.moves[moved]
+        recent = exp.p99_s if moved == "P99" else exp.p50_s
+        out[f"downstream:{name}"] = {"signal": f"{name} {moved}", "unit": "s", "baseline": recent - growth,
+                                     "recent": recent, "rise_s": max(growth - noise, 0.0)}
     return out
 
 
 STALLS = ("runqueue_wait", "blocking_syscalls")   # they stretch everything the service times itself
+PER_REQUEST = (*STALLS, "connect", "tls_handshake", "network_rtt", "retransmits")   # the kernel's own costs
 
 
 def _discount_own_clock(evidence: dict[str, dict]) -> dict[str, dict]:
@@ -213,6 +266,23 @@ def _discount_own_clock(evidence: dict[str, dict]) -> dict[str, dict]:
     return evidence
 
 
+def _moves(split: _Split, own_rise: float) -> dict[str, tuple[float, float]]:
+    """How far the recent span moved over the baseline, as (growth, noise band): the
+    tail ("P99") and the whole distribution ("P50"). A cost every request pays (a
+    handshake, a stall per request) moves the P50 as far as the P99, and the P50 of a few
+    dozen requests is far steadier than their P99. The band is 2 robust deviations of
+    the baseline spans' values plus 5 % of the baseline value; a growth that the
+    service's own per-request costs, as the kernel measured them, account for at least
+    half of is corroborated and needs to clear only half of it (a callee's or a tool's
+    growth does not corroborate: it is a latency read as noisily as this one)."""
+    def judged(growth: float, sigma: float, base: float) -> tuple[float, float]:
+        band = NOISE_SIGMAS * sigma + NOISE_FLOOR_RATIO * base + NOISE_FLOOR_S
+        corroborated = growth > 0 and own_rise >= CORROBORATION * growth
+        return growth, band * (0.5 if corroborated else 1.0)
+    return {"P99": judged(split.recent.p99 - split.p99, split.sigma_s, split.p99),
+            "P50": judged(split.recent.p50 - split.p50, split.p50_sigma_s, split.p50)}
+
+
 def _credit(growth: float, rises: dict[str, float]) -> dict[str, float]:
     total = sum(rises.values())
     if growth <= 0 or total <= 0:
@@ -223,11 +293,11 @@ def _credit(growth: float, rises: dict[str, float]) -> dict[str, float]:
 
 def _jitter(split: _Split, downstream_windows: Mapping[str, Sequence[Window]]) -> tuple[float, dict[str, float]]:
     ws = split.windows
-    y = np.array([_stats([w]).p99 for w in ws])
+    y = np.array([_stats([w], split.source).p99 for w in ws])
     if len(ws) < 3 or not np.all(np.isfinite(y)) or y.std() == 0:
         return (float(y.std()) if len(ws) and np.all(np.isfinite(y)) else 0.0), {}
     columns: dict[str, list[float]] = {}
-    readings = [_stats([w]).readings for w in ws]
+    readings = [_stats([w], split.source).readings for w in ws]
     for i, reading in enumerate(readings):
         for cause, r in reading.items():
             columns.setdefault(cause, [0.0] * len(ws))[i] = r.value_s
@@ -294,21 +364,23 @@ class _Explainer:
         callees = [d for d in self.downstream.get(service, ()) if d not in seen and d in self.history]
         below = {d: self.explain(d, seen) for d in callees}
         below = {d: e for d, e in below.items() if math.isfinite(e.p99_s)}
-        evidence = _discount_own_clock(_rises(split, below, {f"tool:{d}" for d in below}))
+        evidence = _rises(split, {f"tool:{d}" for d in below})
+        moves = _moves(split, sum(evidence[c]["rise_s"] for c in PER_REQUEST if c in evidence))
+        moved = max(moves, key=lambda m: moves[m][0] - moves[m][1])   # further beyond its band
+        growth, noise = moves[moved]
+        evidence = _discount_own_clock(evidence | _downstream_rises(below, moved))
 
         p50_base, p99_base = split.p50, split.p99
         p99 = split.recent.p99
         excess = max(p99 - p50_base, 0.0)
-        growth = p99 - p99_base
-        noise = NOISE_SIGMAS * split.sigma_s + NOISE_FLOOR_RATIO * p99_base + NOISE_FLOOR_S
         attributable = max(growth - noise, 0.0)
         credit = _credit(attributable, {c: e["rise_s"] for c, e in evidence.items()})
         for c, s in credit.items():
             evidence[c]["credited_s"] = s
-        shares = {c: (s / excess if excess > 0 else 0.0) for c, s in credit.items()}
+        shares = {c: (s / growth if growth > 0 else 0.0) for c, s in credit.items()}
         jitter_s, jitter_shares = _jitter(split, {d: self.history[d] for d in below})
         exp = Explanation(service, "", shares=shares, excess_s=excess, growth_s=growth,
-                          usual_tail_s=max(p99_base - p50_base, 0.0), noise_s=noise,
+                          usual_tail_s=max(p99_base - p50_base, 0.0), noise_s=noise, moved=moved, moves=moves,
                           p50_s=split.recent.p50, p99_s=p99,
                           jitter_s=jitter_s, jitter_shares=jitter_shares, evidence=evidence, downstream=below)
         _conclude(exp, attributable, noise, sum(e["rise_s"] for e in evidence.values()))
@@ -320,7 +392,7 @@ def _conclude(exp: Explanation, attributable: float, noise: float, total_rise: f
     ranked = sorted(exp.shares.items(), key=lambda kv: -kv[1])
     top, top_share = ranked[0] if ranked else ("", 0.0)
     second = ranked[1][1] if len(ranked) > 1 else 0.0
-    head = f"{exp.service} P99 {exp.excess_s * 1e3:+.0f} ms over P50"
+    head = f"{exp.service} {exp.moved} {exp.growth_s * 1e3:+.1f} ms over its baseline"
     if top_share <= DOMINANT_SHARE:
         exp.verdict = f"{head}: no dominant cause"
         exp.confidence = 1.0 - top_share / DOMINANT_SHARE

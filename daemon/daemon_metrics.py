@@ -93,16 +93,22 @@ class DaemonMetrics:
 
     def _attribution(self):
         share = GaugeMetricFamily("slotune_attribution_share_ratio",
-                                  "Share of the P99 excess over P50 explained by each cause", labels=["service", "cause"])
+                                  "Share of the latency growth over the service's baseline explained by each cause",
+                                  labels=["service", "cause"])
         conf = GaugeMetricFamily("slotune_attribution_confidence_ratio", "Confidence of the attribution",
                                  labels=["service"])
         excess = GaugeMetricFamily("slotune_attribution_excess_seconds", "P99 minus P50 over the attribution horizon",
                                    labels=["service"])
+        growth = GaugeMetricFamily("slotune_attribution_growth_seconds",
+                                   "How far the service's P99 (or P50, when every request slowed) moved over its "
+                                   "baseline: what the shares split", labels=["service"])
         for svc, result in self.attribution.items():
             for cause, s in result.shares.items():
                 share.add_metric([svc, cause], s)
             conf.add_metric([svc], result.confidence)
             excess.add_metric([svc], result.excess_s)
+            growth.add_metric([svc], result.growth_s)
         yield share
         yield conf
         yield excess
+        yield growth

@@ -223,17 +223,20 @@ def service_overview() -> dict:
         "in the SLO period. Pages at 14.4 (1 h) and 6 (6 h); tickets at 3 (1 d).",
         thresholds=[(3, "orange"), (6, "red"), (14.4, "dark-red")]), w=8)
     b.row("Attribution: where the tail comes from")
-    b.add(timeseries("Share of the P99 excess by cause", [
+    b.add(timeseries("Share of the latency growth by cause", [
         (f"slotune_attribution_share_ratio{{{SVC}}}", "{{cause}}")], "percentunit",
-        "Each measured cause's share of P99 minus P50 over the attribution horizon.", stack=True), w=16)
+        "Each measured cause's share of how far the latency moved over the service's own baseline "
+        "(P99, or P50 when every request slowed); empty while nothing moved beyond its noise.", stack=True), w=16)
     b.add(stat("Top cause now", [(f"topk by (instance, service) (1, slotune_attribution_share_ratio{{{SVC}}})",
                                   "{{cause}}")], "percentunit", "The cause that explains most of the tail now."),
           w=8, h=4)
     b.add(stat("Attribution confidence", [(f"slotune_attribution_confidence_ratio{{{SVC}}}", "{{service}}")],
                "percentunit", "How well the measured causes explain the tail (low: an unmeasured cause).",
                [(0.0, "red"), (0.5, "orange"), (0.8, "green")], text_mode="value"), w=8, h=4)
-    b.add(timeseries("P99 excess over P50", [(f"slotune_attribution_excess_seconds{{{SVC}}}", "{{service}}")],
-                     "s", "The tail the attribution explains: P99 minus P50."), w=12)
+    b.add(timeseries("Latency growth and tail", [
+        (f"slotune_attribution_growth_seconds{{{SVC}}}", "growth over baseline"),
+        (f"slotune_attribution_excess_seconds{{{SVC}}}", "P99 excess over P50")],
+                     "s", "What the shares split (the growth over the baseline) beside the whole tail."), w=12)
     b.add(timeseries("Drift against the baseline", [
         (f"slotune_drift_deviation_ratio{{{SVC}}}", "{{metric}}")], "percentunit",
         "Relative change of each metric against its rolling baseline; the drift alert fires beyond 8 %.",

@@ -73,7 +73,7 @@ def _attribution_plot(name: str, snaps: list[dict], t0: float) -> str | None:
     ax.stackplot([t for t, _ in rows], *[[shares.get(c, 0.0) for _, shares in rows] for c in causes],
                  labels=causes, alpha=0.8)
     ax.set_ylim(0, 1)
-    ax.set_ylabel("share of P99 excess")
+    ax.set_ylabel("share of the growth")
     ax.set_title(f"{name}: attribution")
     ax.legend(loc="upper left", fontsize=7, ncol=3)
     return _png(fig)

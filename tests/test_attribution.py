@@ -50,13 +50,15 @@ def history(n_calm=20, faulty=(), **kw):
 def test_growth_is_split_in_proportion_to_how_much_each_cause_rose():
     # Recent: P99 = 0.1 + 0.1 * 0.9 = 0.19 s. Baseline: P50 0.015 s, P99 0.0199 s.
     # runqueue rises 0.2 s/request, blocking 0.6 s/request: more than the growth, so split 1:3.
+    # The rises (0.8 s) cover the growth: corroborated, so half the noise band is held back.
     ws = history(faulty=[(SLOW_TAIL, {"runqueue_s": 20.001, "blocking_s": 60.001})])
     e = explain("svc", {"svc": ws}, recent_s=1.0)
-    excess = 0.19 - 0.015
-    attributable = (0.19 - 0.0199) - (0.05 * 0.0199 + attribution.NOISE_FLOOR_S)
-    assert e.excess_s == pytest.approx(excess)
-    assert e.shares["runqueue_wait"] == pytest.approx(0.25 * attributable / excess)
-    assert e.shares["blocking_syscalls"] == pytest.approx(0.75 * attributable / excess)
+    growth = 0.19 - 0.0199
+    attributable = growth - (0.05 * 0.0199 + attribution.NOISE_FLOOR_S) / 2
+    assert e.excess_s == pytest.approx(0.19 - 0.015)
+    assert e.growth_s == pytest.approx(growth) and e.moved == "P99"
+    assert e.shares["runqueue_wait"] == pytest.approx(0.25 * attributable / growth)
+    assert e.shares["blocking_syscalls"] == pytest.approx(0.75 * attributable / growth)
     assert e.top_cause == "blocking_syscalls"
     assert e.evidence["blocking_syscalls"]["recent"] == pytest.approx(0.60001)
     assert e.evidence["blocking_syscalls"]["baseline"] == pytest.approx(0.00001)
@@ -67,7 +69,7 @@ def test_small_rises_are_scaled_up_at_most_tail_gain_times_and_the_rest_stays_un
     ws = history(faulty=[(SLOW_TAIL, {"runqueue_s": 1.001})])
     e = explain("svc", {"svc": ws}, recent_s=1.0)
     assert e.evidence["runqueue_wait"]["credited_s"] == pytest.approx(attribution.TAIL_GAIN * 0.01)
-    assert e.shares["runqueue_wait"] == pytest.approx(attribution.TAIL_GAIN * 0.01 / 0.175)
+    assert e.shares["runqueue_wait"] == pytest.approx(attribution.TAIL_GAIN * 0.01 / (0.19 - 0.0199))
     assert sum(e.shares.values()) < 0.6
     assert e.top_cause == "runqueue_wait"
 
@@ -236,7 +238,7 @@ def test_the_attribute_table_lists_causes_by_share_with_evidence_and_path():
     assert lines[0] == e.verdict
     rows = [l for l in lines if l.startswith(("downstream:", "runqueue_wait", "blocking_syscalls"))]
     assert rows[0].startswith("downstream:inference")
-    assert "rest (usual tail, noise)" in table
+    assert "rest (noise, unexplained)" in table
     assert lines[-1].startswith("path: gateway: downstream:inference") and "inference: runqueue_wait" in lines[-1]
 
 
@@ -253,3 +255,52 @@ def test_tool_calls_timed_by_a_stalled_caller_do_not_take_the_blame():
     ws = [gateway(t, 10) for t in range(20)] + [gateway(20, 180, counts=SLOW_TAIL)]
     e = explain("svc", {"svc": ws}, recent_s=1.0)
     assert e.top_cause == "tool:search"
+
+
+def kernel_timed(t, rng, shift_ms=0.0, handshake_s=0.0, n=50) -> Window:
+    """A window whose requests the kernel timed (fine buckets) beside the service's own
+    coarse histogram, which puts all of them in its (10, 20] ms bucket either way."""
+    w = window(t, (0, n, 0, 0, 0, 0, 0))
+    w.histograms[("http_request", "")] = Histogram.from_values(
+        list((rng.lognormal(np.log(0.013), 0.1, n) + shift_ms / 1e3) * 1e9))
+    w.histograms[("tls_handshake", "")] = per_event(handshake_s + 1e-6, n)
+    return w
+
+
+def test_a_few_ms_added_to_every_request_moves_the_p50_and_names_the_per_request_cost():
+    # A TLS handshake of 3 ms per request: the P99 of 50 requests hardly notices,
+    # their P50 does, and the handshake time per request accounts for it.
+    rng = np.random.default_rng(11)
+    ws = [kernel_timed(t, rng) for t in range(40)]
+    ws += [kernel_timed(t, rng, shift_ms=3.0, handshake_s=50 * 0.003) for t in (40, 41)]
+    e = explain("svc", {"svc": ws})
+    assert e.moved == "P50" and e.growth_s == pytest.approx(0.003, abs=0.001)
+    assert e.top_cause == "tls_handshake" and e.shares["tls_handshake"] > 0.5
+    assert e.verdict.startswith("svc P50 +")
+    # The service's own histogram alone could not tell: every request stays in (10, 20] ms.
+    assert all(w.p(0.5) == ws[0].p(0.5) for w in ws)
+
+
+def test_a_shift_no_own_cost_accounts_for_must_clear_the_whole_noise_band():
+    ws = [kernel_timed(t, np.random.default_rng(t)) for t in range(40)]
+
+    def shifted(handshake_s):     # the same requests, with or without a measured handshake
+        return explain("svc", {"svc": ws + [kernel_timed(t, np.random.default_rng(t), 3.0, handshake_s)
+                                            for t in (40, 41)]})
+    alone, corroborated = shifted(0.0), shifted(50 * 0.003)
+    assert alone.moved == corroborated.moved == "P50"
+    assert corroborated.noise_s == pytest.approx(alone.noise_s / 2)
+    assert alone.growth_s == pytest.approx(corroborated.growth_s)
+
+
+def test_the_kernel_timing_is_read_only_where_it_saw_the_services_requests():
+    def kernel_saw(n: int) -> Window:       # of the 100 requests the service counted in the window
+        w = window(0)
+        w.histograms[("http_request", "")] = Histogram.from_values([14e6] * n)
+        return w
+    scraped = kernel_saw(1)                  # one /metrics scrape a second
+    assert attribution.timing_source([scraped, scraped]) == "service"
+    assert attribution.request_timing(scraped, "service") is scraped.latency
+    assert attribution.timing_source([kernel_saw(90), scraped]) == "service"    # 91 of 200
+    # A map read and a scrape split the seconds differently: counted over the windows.
+    assert attribution.timing_source([kernel_saw(70), kernel_saw(125)]) == "ebpf"

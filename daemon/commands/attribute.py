@@ -9,7 +9,7 @@ import sys
 from daemon.commands.status import fetch
 
 NAME = "attribute"
-HELP = "explain a service's P99 excess and jitter by cause (share, evidence, the path through downstream services)"
+HELP = "explain what made a service's latency grow, and its jitter, by cause (share, evidence, the path through downstream services)"
 EXAMPLES = """  slotune attribute gateway
   slotune attribute inference --url http://127.0.0.1:9477
   slotune attribute gateway --json          # the daemon's attribution record as JSON
@@ -29,8 +29,9 @@ def _value(v: float, unit: str) -> str:
 def render(service: str, a: dict) -> str:
     rows = [a["verdict"], f"confidence {a['confidence']:.0%}"]
     if a.get("excess_s") is not None and a.get("shares"):
-        rows[-1] += (f"; P99 excess over P50 {a['excess_s'] * 1e3:.1f} ms, grew {a.get('growth_s', 0) * 1e3:+.1f} ms "
-                     f"over the baseline; jitter (std of P99 across windows) {a.get('jitter_s', 0) * 1e3:.1f} ms")
+        rows[-1] += (f"; {a.get('moved', 'P99')} grew {a.get('growth_s', 0) * 1e3:+.1f} ms over the baseline "
+                     f"(shares are of this); P99 excess over P50 {a['excess_s'] * 1e3:.1f} ms; "
+                     f"jitter (std of P99 across windows) {a.get('jitter_s', 0) * 1e3:.1f} ms")
     evidence = a.get("evidence", {})
     ranked = sorted(a.get("shares", {}).items(), key=lambda kv: -kv[1])
     if ranked:
@@ -42,7 +43,7 @@ def render(service: str, a: dict) -> str:
                         f"{_value(e.get('baseline', 0.0), unit):>11} {_value(e.get('recent', 0.0), unit):>11}  "
                         f"{e.get('signal', '')}")
         rest = max(1.0 - sum(s for _, s in ranked), 0.0)
-        rows.append(f"{'rest (usual tail, noise)':<24} {rest:>6.0%}")
+        rows.append(f"{'rest (noise, unexplained)':<24} {rest:>6.0%}")
     if a.get("path"):
         rows += ["", "path: " + " → ".join(f"{svc}: {cause} {share:.0%}" for svc, cause, share in a["path"])]
     return "\n".join(rows)
