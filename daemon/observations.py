@@ -84,14 +84,22 @@ def for_throttle(now, windows, conf: ServiceConf, history: list[Window]) -> thro
 
 def for_batch(now, windows, conf: ServiceConf) -> batch.Observation:
     hist, secs = merged_latency(windows), _seconds(windows)
-    sizes, compute = _family_hist(windows, "_batch_size"), _family_hist(windows, "_batch_compute_seconds")
-    batches = ()
-    if sizes is not None and compute is not None and sizes.count and compute.count:
-        batches = ((max(1, round(sizes.mean())), compute.count, compute.mean()),)
     return batch.Observation(
         now=now, slo_s=conf.spec.slo_p99_s, p99_s=_q(hist, 0.99),
         arrival_rps=sum(w.requests + w.rejected for w in windows) / secs,
-        goodput_rps=sum(w.goodput * w.seconds for w in windows) / secs, batches=batches)
+        goodput_rps=sum(w.goodput * w.seconds for w in windows) / secs, batches=batches_run(windows))
+
+
+def batches_run(windows: list[Window]) -> tuple[tuple[int, int, float], ...]:
+    """(mean batch size, batches, mean compute s) per window: the batch time is linear in
+    the size, so a window's mean compute sits on the fit at its mean size, and windows
+    of different sizes let the tuner see both the slope and the scatter around it."""
+    out = []
+    for w in windows:
+        sizes, compute = _family_hist([w], "_batch_size"), _family_hist([w], "_batch_compute_seconds")
+        if sizes is not None and compute is not None and sizes.count and compute.count:
+            out.append((max(1, round(sizes.mean())), compute.count, compute.mean()))
+    return tuple(out)
 
 
 def for_sampling(now, windows, conf: ServiceConf, budget_per_s: float) -> sampling.Observation:
