@@ -304,3 +304,19 @@ def test_the_kernel_timing_is_read_only_where_it_saw_the_services_requests():
     assert attribution.timing_source([kernel_saw(90), scraped]) == "service"    # 91 of 200
     # A map read and a scrape split the seconds differently: counted over the windows.
     assert attribution.timing_source([kernel_saw(70), kernel_saw(125)]) == "ebpf"
+
+
+def test_a_shift_downstream_is_read_as_the_callees_own_p50_shift():
+    # Every gateway request waits 3 ms more on the callee, whose P50 moved by those
+    # 3 ms while its P99 stayed where it was: the callee is credited by its P50 shift.
+    def kernel_only(t, service, shift_ms):
+        w = kernel_timed(t, np.random.default_rng(t), shift_ms)
+        w.service = service
+        w.histograms.pop(("tls_handshake", ""))
+        return w
+    gateway = [kernel_only(t, "gateway", 3.0 if t >= 40 else 0.0) for t in range(42)]
+    callee = [kernel_only(t, "callee", 3.0 if t >= 40 else 0.0) for t in range(42)]
+    e = explain("gateway", {"gateway": gateway, "callee": callee}, {"gateway": ["callee"]})
+    assert e.moved == e.downstream["callee"].moved == "P50"
+    assert e.evidence["downstream:callee"]["signal"] == "callee P50"
+    assert e.top_cause == "downstream:callee"
