@@ -188,7 +188,7 @@ def report(results: list[dict], faults) -> str:
     if faulty:
         lines.append(f"\ntop cause correct in {sum(r['correct'] for r in faulty)}/{len(faulty)} fault runs; "
                      f"injected cause's mean share {sum(r['leaf_share'] for r in faulty) / len(faulty):.0%} "
-                     f"where it lives, {sum(r['e2e_share'] for r in faulty) / len(faulty):.0%} of the gateway's excess")
+                     f"where it lives, {sum(r['e2e_share'] for r in faulty) / len(faulty):.0%} of the gateway's growth")
     return "\n".join(lines)
 
 

@@ -74,7 +74,7 @@ class Explanation:
     moved: str = "P99"                                   # "P99", or "P50" when every request slowed
     usual_tail_s: float = 0.0                            # P99 - P50 of the baseline
     noise_s: float = 0.0                                 # growth within this is noise
-    moves: dict[str, tuple[float, float]] = field(default_factory=dict)   # "P99"/"P50" -> (growth, noise band)
+    moves: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # "P99"/"P50" -> (growth, band, attributable)
     p50_s: float = math.nan
     p99_s: float = math.nan
     jitter_s: float = 0.0                                # std of per-window P99 over the horizon
@@ -245,10 +245,10 @@ def _downstream_rises(downstream: Mapping[str, "Explanation"], moved: str) -> di
     callees' P50 shifts, a P99 growth of their P99 growth; each beyond its noise band."""
     out = {}
     for name, exp in downstream.items():
-        growth, noise = exp.moves[moved]
+        growth, _, attributable = exp.moves[moved]
         recent = exp.p99_s if moved == "P99" else exp.p50_s
         out[f"downstream:{name}"] = {"signal": f"{name} {moved}", "unit": "s", "baseline": recent - growth,
-                                     "recent": recent, "rise_s": max(growth - noise, 0.0)}
+                                     "recent": recent, "rise_s": attributable}
     return out
 
 
@@ -266,19 +266,22 @@ def _discount_own_clock(evidence: dict[str, dict]) -> dict[str, dict]:
     return evidence
 
 
-def _moves(split: _Split, own_rise: float) -> dict[str, tuple[float, float]]:
-    """How far the recent span moved over the baseline, as (growth, noise band): the
-    tail ("P99") and the whole distribution ("P50"). A cost every request pays (a
-    handshake, a stall per request) moves the P50 as far as the P99, and the P50 of a few
-    dozen requests is far steadier than their P99. The band is 2 robust deviations of
-    the baseline spans' values plus 5 % of the baseline value; a growth that the
-    service's own per-request costs, as the kernel measured them, account for at least
-    half of is corroborated and needs to clear only half of it (a callee's or a tool's
-    growth does not corroborate: it is a latency read as noisily as this one)."""
-    def judged(growth: float, sigma: float, base: float) -> tuple[float, float]:
+def _moves(split: _Split, own_rise: float) -> dict[str, tuple[float, float, float]]:
+    """How far the recent span moved over the baseline, as (growth, noise band, the
+    growth to attribute): the tail ("P99") and the whole distribution ("P50"). A cost
+    every request pays (a handshake, a stall per request) moves the P50 as far as the
+    P99, and the P50 of a few dozen requests is far steadier than their P99. The band is
+    2 robust deviations of the baseline spans' values plus 5 % of the baseline value;
+    only growth beyond it is attributed. A growth that the service's own per-request
+    costs, as the kernel measured them, account for at least half of is corroborated:
+    it needs to clear only half the band, and then all of it is attributed, as those
+    costs were measured request by request, not read from a noisy quantile (a callee's
+    or a tool's growth does not corroborate: it is a latency read as noisily as this one)."""
+    def judged(growth: float, sigma: float, base: float) -> tuple[float, float, float]:
         band = NOISE_SIGMAS * sigma + NOISE_FLOOR_RATIO * base + NOISE_FLOOR_S
-        corroborated = growth > 0 and own_rise >= CORROBORATION * growth
-        return growth, band * (0.5 if corroborated else 1.0)
+        if growth > 0 and own_rise >= CORROBORATION * growth:
+            return growth, band / 2, growth if growth > band / 2 else 0.0
+        return growth, band, max(growth - band, 0.0)
     return {"P99": judged(split.recent.p99 - split.p99, split.sigma_s, split.p99),
             "P50": judged(split.recent.p50 - split.p50, split.p50_sigma_s, split.p50)}
 
@@ -367,13 +370,12 @@ class _Explainer:
         evidence = _rises(split, {f"tool:{d}" for d in below})
         moves = _moves(split, sum(evidence[c]["rise_s"] for c in PER_REQUEST if c in evidence))
         moved = max(moves, key=lambda m: moves[m][0] - moves[m][1])   # further beyond its band
-        growth, noise = moves[moved]
+        growth, noise, attributable = moves[moved]
         evidence = _discount_own_clock(evidence | _downstream_rises(below, moved))
 
         p50_base, p99_base = split.p50, split.p99
         p99 = split.recent.p99
         excess = max(p99 - p50_base, 0.0)
-        attributable = max(growth - noise, 0.0)
         credit = _credit(attributable, {c: e["rise_s"] for c, e in evidence.items()})
         for c, s in credit.items():
             evidence[c]["credited_s"] = s
