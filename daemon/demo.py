@@ -94,6 +94,13 @@ def phase_lines(results, slo_s: float) -> list[str]:
     return lines
 
 
+def this_runs_decisions(audit_log: Path, since: float) -> list[dict]:
+    """The decisions the daemon logged since `since`: the audit log of a run directory
+    used before also holds the earlier runs' decisions."""
+    decisions = (json.loads(line) for line in audit_log.read_text().splitlines() if line)
+    return [d for d in decisions if d["t"] >= since]
+
+
 def run(run_dir: Path, capacity: float | None, scale: float, dry_run: bool, show_every_s: float = 10.0) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     gateway, inference, sidecar, sidecar_admin, redis_port, exporter, *tools = launcher.free_ports(9)
@@ -116,6 +123,7 @@ def run(run_dir: Path, capacity: float | None, scale: float, dry_run: bool, show
                                                    inference_slo_ms=INFERENCE_SLO_MS))
         url = f"http://127.0.0.1:{exporter}"
         print(f"==> starting slotune ({'dry-run' if dry_run else 'closed loop'}), config {config_path}", flush=True)
+        started = time.time()
         daemon = start_daemon(config_path, run_dir, url, dry_run)
         plan = phases(capacity, scale)
         print("==> load: " + ", then ".join(f"{p.rate:.0f} req/s for {p.seconds:.0f} s" for p in plan), flush=True)
@@ -133,7 +141,7 @@ def run(run_dir: Path, capacity: float | None, scale: float, dry_run: bool, show
                     print(f"\n--- {time.strftime('%H:%M:%S')} load phase: {phase}\n{render(status)}", flush=True)
                     last_shown = status["t"]
             time.sleep(1.0)
-        decisions = [json.loads(line) for line in (run_dir / "audit.jsonl").read_text().splitlines() if line]
+        decisions = this_runs_decisions(run_dir / "audit.jsonl", started)
         pushed = sum(d["outcome"] == "pushed" for d in decisions)
         rolled = sum(d["outcome"] == "rolled back" for d in decisions)
         summary = phase_lines(results, GATEWAY_SLO_MS / 1e3) + [

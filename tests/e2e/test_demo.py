@@ -18,3 +18,11 @@ def test_a_short_demo_writes_its_report_and_cleans_up(tmp_path, root_only):
     assert f"report: {run_dir / 'report.html'}" in result.stdout
     leftover = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout
     assert leftover == "", f"processes left running: {leftover}"
+
+
+def test_the_report_counts_only_this_runs_decisions_when_the_run_dir_is_reused(tmp_path):
+    from daemon.demo import this_runs_decisions
+    log = tmp_path / "audit.jsonl"
+    log.write_text('{"t": 100.0, "outcome": "pushed"}\n{"t": 200.0, "outcome": "rolled back"}\n\n'
+                   '{"t": 300.0, "outcome": "pushed"}\n')
+    assert this_runs_decisions(log, since=250.0) == [{"t": 300.0, "outcome": "pushed"}]
