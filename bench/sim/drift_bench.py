@@ -47,7 +47,8 @@ def run_one(policy_name: str, scenario: str, seed: int, quick: bool) -> dict[str
     alerts, prev = [], False
     for t in range(start, windows):
         past = values[t - WEEK:t]
-        baseline = drift.Baseline(float(past.mean()), float(past.std(ddof=1)), WEEK, tuple(raw[t - WEEK:t:17].ravel()))
+        baseline = drift.Baseline(float(past.mean()), float(past.std(ddof=1)), WEEK, tuple(raw[t - WEEK:t:17].ravel()),
+                                  robust_std=drift.robust_std(past))
         state, decision = policy.decide(state, drift.Observation(now=t * drift.INTERVAL_S, value=float(values[t]),
                                                                  baseline=baseline, samples=tuple(raw[t])))
         if decision.alert and not prev:

@@ -1,5 +1,6 @@
 """Drift detectors pinned on hand-computed cases, plus the acceptance figures on simulated streams."""
 import numpy as np
+import pytest
 
 from bench.sim import drift_bench
 from tests.tuners.purity import assert_pure
@@ -13,11 +14,11 @@ def obs(value, baseline=BASE, samples=(), now=0.0):
     return drift.Observation(now=now, value=value, baseline=baseline, samples=samples)
 
 
-def alerts(name, values):
+def alerts(name, values, baseline=BASE):
     p = P[name]
     s, out = p.initial_state({}), []
     for v in values:
-        s, d = p.decide(s, obs(v))
+        s, d = p.decide(s, obs(v, baseline))
         out.append(d.alert)
     return out
 
@@ -79,6 +80,31 @@ def test_slotune_alarms_in_one_window_on_a_rise_only():
     # = -4.85, down 2.47 < 2.5, and reports it from the second window
     assert alerts("slotune", [0.91, 0.91]) == [False, True]
     assert alerts("slotune", [0.5, 0.5]) == [False, True]
+
+
+def test_robust_std_ignores_outlier_windows():
+    # median 3, MAD 1: clipped at 3 +- 2 * 1.4826 -> 1, 2, 3, 4, 5.9652; their std 1.9109,
+    # over 0.95945 (the std of a standard normal clipped at +-2) = 1.9917; the plain std is 43.6
+    assert abs(drift.robust_std([1, 2, 3, 4, 100]) - 1.9917) < 1e-3
+    gaussian = np.random.default_rng(0).normal(5.0, 2.0, 100_000)
+    assert abs(drift.robust_std(gaussian) / gaussian.std() - 1) < 0.01     # Gaussian windows: their std
+
+
+def test_robust_std_names_bad_input():
+    for bad in ([1.0], [1.0, float("nan")], [[1.0, 2.0], [3.0, 4.0]]):
+        with pytest.raises(ValueError, match="per-window values"):
+            drift.robust_std(bad)
+
+
+def test_slotune_one_window_alarm_uses_the_robust_spread():
+    # heavy-tailed hours: std inflated to 4 %, robust std 1.5 %: the alarm sits at
+    # 4 * 1.5 % * sqrt(1 + 1/168) = 0.06018 in log, i.e. +6.20 %
+    heavy = drift.Baseline(mean=1.0, std=0.04, windows=168, robust_std=0.015)
+    assert alerts("slotune", [1.065], heavy) == [True]       # log 0.0630 > 0.0602
+    assert alerts("slotune", [1.06], heavy) == [False]       # log 0.0583; CUSUM z = 0.0583 / 0.0401 = 1.45
+    assert alerts("slotune", [0.935], heavy) == [False]      # a fall of the same size: not in one window
+    # without a robust std the std stands in: +6.5 % is 1.57 sigma
+    assert alerts("slotune", [1.065], drift.Baseline(mean=1.0, std=0.04, windows=168)) == [False]
 
 
 def test_policies_are_pure():
