@@ -191,7 +191,7 @@ class Daemon:
         if len(values) < 3:
             return None
         return drift.Baseline(mean=float(values.mean()), std=float(values.std(ddof=1)), windows=len(values),
-                              samples=tuple(float(v) for v in values[-500:]))
+                              samples=tuple(float(v) for v in values[-500:]), robust_std=drift.robust_std(values))
 
     def _report_health(self) -> None:
         for c in self.collectors:

@@ -221,3 +221,27 @@ def test_cli_takes_store_and_environment_from_the_config(store_file, tmp_path):
                         "--environment", "production")
     assert shown.returncode == 0, shown.stderr
     assert "environment production" in shown.stdout and "points  600" in shown.stdout
+
+
+def test_the_drift_tuner_gets_the_stored_history_with_its_robust_spread(tmp_path):
+    from daemon import config
+    from daemon.runner import DRIFT_METRIC, Daemon
+    from tuners import drift
+    (tmp_path / "slotune.toml").write_text(textwrap.dedent(f"""
+        [daemon]
+        baseline_store = "{tmp_path}/baselines.sqlite"
+        audit_log = "{tmp_path}/audit.jsonl"
+        [services.gw]
+        port = 8080
+        """))
+    daemon = Daemon(config.load(tmp_path / "slotune.toml"), collectors=[])
+    values = [0.2, 0.21, 0.19, 0.2, 0.6, 0.2, 0.21]          # one outlier hour
+    daemon.store.record_many(("gw", DRIFT_METRIC, v, 1000.0 + i, daemon.cfg.environment, "d1")
+                             for i, v in enumerate(values))
+    try:
+        b = daemon._baseline("gw", since=0.0, until=2000.0)
+    finally:
+        daemon.close()
+    assert b.windows == 7 and b.mean == pytest.approx(np.mean(values))
+    assert b.robust_std == pytest.approx(drift.robust_std(values))
+    assert b.robust_std < b.std / 5                            # the outlier hour barely moves it
