@@ -48,7 +48,7 @@ from scipy.optimize import nnls
 from daemon import attribution_causes as causes
 from daemon.window import EBPF_LATENCY, Window, merged_latency
 
-DOMINANT_SHARE = 0.2     # a cause above this share of the excess is named
+DOMINANT_SHARE = 0.2     # a cause above this share of the growth is named
 TAIL_GAIN = 10.0         # most the tail may exceed the sum of the causes' mean rises: behind a
                          # stall the P99 wait of a queue at 60 % load is ~4.6 S/(1-rho) = 11.5 S
 NOISE_SIGMAS = 2.0
@@ -85,7 +85,7 @@ class Explanation:
 
     @property
     def root_cause(self) -> tuple[str, str, float]:
-        """(service, cause, share of this service's excess) at the end of the path, or ("", "", 0)."""
+        """(service, cause, share of this service's growth) at the end of the path, or ("", "", 0)."""
         if not self.path:
             return "", "", 0.0
         share = 1.0
