@@ -16,8 +16,9 @@ tail is):
   slowed (a per-request cost moves the P50 as far, and the P50 of a few dozen
   requests is far steadier), whichever stands further beyond its noise band
   (2 robust deviations of the spans' values plus 5 % of the baseline). Only
-  growth beyond the noise band is attributed. excess = P99(recent) -
-  P50(baseline), the whole tail, is reported beside it.
+  growth beyond the noise band is attributed, unless the service's own
+  per-request costs measured by the kernel account for it (see _moves).
+  excess = P99(recent) - P50(baseline), the whole tail, is reported beside it.
 - every cause is read as seconds a tail request gains from it
   (daemon/attribution_causes.py); a downstream service as its own P99 or P50,
   whichever moved here; a cause is credited with its rise beyond its own usual
