@@ -71,10 +71,8 @@ class Explanation:
     shares: dict[str, float] = field(default_factory=dict)        # cause -> share of the growth
     confidence: float = 0.0
     excess_s: float = 0.0                                # P99 recent - P50 baseline
-    growth_s: float = 0.0                                # what moved (below) recent - baseline
     moved: str = "P99"                                   # "P99", or "P50" when every request slowed
     usual_tail_s: float = 0.0                            # P99 - P50 of the baseline
-    noise_s: float = 0.0                                 # growth within this is noise
     moves: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # "P99"/"P50" -> (growth, band, attributable)
     p50_s: float = math.nan
     p99_s: float = math.nan
@@ -83,6 +81,16 @@ class Explanation:
     evidence: dict[str, dict] = field(default_factory=dict)       # cause -> signal, baseline, recent, credited_s
     downstream: dict[str, "Explanation"] = field(default_factory=dict)
     path: list[tuple[str, str, float]] = field(default_factory=list)  # (service, cause, share) to the root cause
+
+    @property
+    def growth_s(self) -> float:
+        """How far what moved (P99 or P50) rose over the baseline: what the shares split."""
+        return self.moves[self.moved][0] if self.moves else 0.0
+
+    @property
+    def noise_s(self) -> float:
+        """The band a growth had to clear to count."""
+        return self.moves[self.moved][1] if self.moves else 0.0
 
     @property
     def root_cause(self) -> tuple[str, str, float]:
@@ -382,8 +390,8 @@ class _Explainer:
             evidence[c]["credited_s"] = s
         shares = {c: (s / growth if growth > 0 else 0.0) for c, s in credit.items()}
         jitter_s, jitter_shares = _jitter(split, {d: self.history[d] for d in below})
-        exp = Explanation(service, "", shares=shares, excess_s=excess, growth_s=growth,
-                          usual_tail_s=max(p99_base - p50_base, 0.0), noise_s=noise, moved=moved, moves=moves,
+        exp = Explanation(service, "", shares=shares, excess_s=excess,
+                          usual_tail_s=max(p99_base - p50_base, 0.0), moved=moved, moves=moves,
                           p50_s=split.recent.p50, p99_s=p99,
                           jitter_s=jitter_s, jitter_shares=jitter_shares, evidence=evidence, downstream=below)
         _conclude(exp, attributable, noise, sum(e["rise_s"] for e in evidence.values()))
