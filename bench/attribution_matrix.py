@@ -78,7 +78,7 @@ class DaemonLoop:
     def __init__(self, cfg):
         from daemon.collectors.kernel.collector import KernelCollector
         from daemon.collectors.service_metrics import ServiceMetricsCollector
-        from daemon.runner import Daemon
+        from daemon.process import Daemon
         self.daemon = Daemon(cfg, dry_run=True, collectors=[ServiceMetricsCollector(), KernelCollector()])
         self.steps: list[tuple[float, dict]] = []
         self.step_cost: list[float] = []

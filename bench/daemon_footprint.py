@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from daemon.runner import HISTORY_S
-from daemon.stack_config import for_reference_stack
+from daemon.process import HISTORY_S
+from daemon.demo.stack_config import for_reference_stack
 from reference_stack import launcher, loadgen
 from reference_stack.loadgen import closed_loop
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 import psutil
 
 from bench.nvml_sweep import summary_ms
-from daemon.collectors import nvml
-from daemon.collectors.nvml import NvmlCollector, Sweep
-from daemon.services import ServiceSpec
+from daemon.collectors.gpu import collector as nvml
+from daemon.collectors.gpu.collector import NvmlCollector, Sweep
+from daemon.model.service import ServiceSpec
 
 NO_GPU_EXIT = 3
 SERVICE = "inference"

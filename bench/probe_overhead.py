@@ -20,7 +20,7 @@ from pathlib import Path
 
 from daemon.collectors.kernel import FAMILIES, KernelCollector
 from daemon.collectors.kernel.program import HINT_SLOTS, TARGETING_TRACEPOINTS, Program
-from daemon.services import ServiceSpec
+from daemon.model.service import ServiceSpec
 
 LOOP_C = r"""
 #include <arpa/inet.h>

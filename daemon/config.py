@@ -10,7 +10,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from daemon.services import ServiceSpec
+from daemon.model.service import ServiceSpec
 
 DEFAULT_PATH = Path("/etc/slotune/slotune.toml")
 # Which settings each tuner's policies change; they need bounds in the config.

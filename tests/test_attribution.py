@@ -6,11 +6,11 @@ import math
 import numpy as np
 import pytest
 
-from daemon import attribution
-from daemon.attribution import explain
+from daemon.attribution import explain as attribution
+from daemon.attribution.explain import explain
 from daemon.collectors.base import Sample
-from daemon.histogram import BucketHistogram, Histogram
-from daemon.window import Window, build
+from daemon.model.histogram import BucketHistogram, Histogram
+from daemon.model.window import Window, build
 
 BOUNDS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, math.inf)
 CALM = (0, 100, 0, 0, 0, 0, 0)             # 100 requests in (10, 20] ms

@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from daemon.baselines import BaselineStore, UnknownBaseline
+from daemon.store.baselines import BaselineStore, UnknownBaseline
 from tests.conftest import ROOT, run_slotune
 
 
@@ -124,7 +124,7 @@ def test_unusable_paths_are_named(tmp_path):
 
 WRITER = textwrap.dedent("""
     import sys
-    from daemon.baselines import BaselineStore
+    from daemon.store.baselines import BaselineStore
     store = BaselineStore(sys.argv[1])
     batch = 0
     while True:
@@ -225,7 +225,7 @@ def test_cli_takes_store_and_environment_from_the_config(store_file, tmp_path):
 
 def test_the_drift_tuner_gets_the_stored_history_with_its_robust_spread(tmp_path):
     from daemon import config
-    from daemon.runner import DRIFT_METRIC, Daemon
+    from daemon.process import DRIFT_METRIC, Daemon
     from tuners import drift
     (tmp_path / "slotune.toml").write_text(textwrap.dedent(f"""
         [daemon]

@@ -5,14 +5,14 @@ import json
 import numpy as np
 import pytest
 
-from daemon.actuators.file import FileActuator
-from daemon.actuators.http_json import HttpJsonActuator
-from daemon.audit import AuditLog
+from daemon.control.actuators.file import FileActuator
+from daemon.control.actuators.http_json import HttpJsonActuator
+from daemon.control.audit import AuditLog
 from daemon.config import Bounds, Config, Control, ServiceConf, TunerConf
-from daemon.control import ControlLoop, guarded
-from daemon.histogram import Histogram
-from daemon.services import ServiceSpec
-from daemon.window import Window
+from daemon.control.loop import ControlLoop, guarded
+from daemon.model.histogram import Histogram
+from daemon.model.service import ServiceSpec
+from daemon.model.window import Window
 
 SLO = 0.2
 

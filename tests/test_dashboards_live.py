@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from daemon import dashboards
+from daemon.export import dashboards
 from reference_stack import launcher
 from reference_stack.client import StackClient
 from reference_stack.ports import DEFAULTS
@@ -65,8 +65,8 @@ def seed_baselines(config: Path, days: float = 1.0) -> None:
     """A day of stored P99 history for every service, as a daemon that ran before would have left:
     the drift tuner compares against it (without one it has nothing to say)."""
     from daemon import config as config_mod
-    from daemon.baselines import BaselineStore
-    from daemon.control import DRIFT_METRIC
+    from daemon.store.baselines import BaselineStore
+    from daemon.control.loop import DRIFT_METRIC
     cfg = config_mod.load(config)
     now = time.time()
     store = BaselineStore(cfg.baseline_store)

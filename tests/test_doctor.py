@@ -1,7 +1,7 @@
 """`slotune doctor` against the live kernel, and its verdict logic."""
 import argparse
 
-from daemon import kernel_features as kf
+from daemon.host import kernel_features as kf
 from daemon.commands import doctor
 from tests.conftest import run_slotune
 

@@ -1,7 +1,7 @@
 """The histogram arithmetic every latency signal goes through."""
 import numpy as np
 
-from daemon.histogram import EXPORT_BOUNDS_S, Histogram, slot_bounds, slot_of
+from daemon.model.histogram import EXPORT_BOUNDS_S, Histogram, slot_bounds, slot_of
 
 
 def test_every_value_falls_inside_its_bucket():

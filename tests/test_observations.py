@@ -4,9 +4,9 @@ import math
 
 import numpy as np
 
-from daemon.histogram import BucketHistogram
-from daemon.observations import batches_run
-from daemon.window import Window
+from daemon.model.histogram import BucketHistogram
+from daemon.control.observations import batches_run
+from daemon.model.window import Window
 
 
 def counts(bounds, values) -> BucketHistogram:

@@ -9,8 +9,8 @@ from urllib.request import urlopen
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 
-from daemon.baselines import BaselineStore
-from daemon.prometheus_history import PrometheusError, PrometheusHistory
+from daemon.store.baselines import BaselineStore
+from daemon.store.prometheus_history import PrometheusError, PrometheusHistory
 
 HISTOGRAM = "slotune_http_request_duration_seconds"
 BUCKETS = [round(0.1 * i, 1) for i in range(1, 11)]

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from daemon import sdnotify
+from daemon.host import sdnotify
 from tests.conftest import ROOT
 
 
@@ -50,7 +50,7 @@ def test_abstract_socket(monkeypatch):
 
 def test_a_child_started_by_systemd_reaches_the_socket(notify_socket):
     """The daemon runs as its own process: the environment systemd sets is all it needs."""
-    child = subprocess.run([sys.executable, "-c", "from daemon import sdnotify; sdnotify.ready()"],
+    child = subprocess.run([sys.executable, "-c", "from daemon.host import sdnotify; sdnotify.ready()"],
                            cwd=ROOT, timeout=30)
     assert child.returncode == 0
     assert notify_socket.recv(4096) == b"READY=1"
@@ -152,7 +152,7 @@ def test_probes_attach_with_only_the_units_capabilities_and_syscalls(root_only, 
     here = {name for bit, name in enumerate(names) if bounding >> bit & 1}  # this VM withholds CAP_SYS_RESOURCE
     caps = ",".join("+" + c[4:].lower() for c in unit_values("CapabilityBoundingSet") if c[4:].lower() in here)
     trace = tmp_path / "syscalls"
-    probe = ("from daemon import kernel_features as kf\n"
+    probe = ("from daemon.host import kernel_features as kf\n"
              "for check in (kf.check_bcc_tracepoint, kf.check_raw_tracepoint, kf.check_uprobe):\n"
              "    f = check(); print(f.ok, f.name, f.detail)")
     result = subprocess.run(

@@ -4,8 +4,8 @@ import numpy as np
 
 from daemon.collectors.base import Sample
 from daemon.collectors.service_metrics import parse
-from daemon.histogram import Histogram
-from daemon.window import Window, build, merged_latency
+from daemon.model.histogram import Histogram
+from daemon.model.window import Window, build, merged_latency
 
 EXPOSITION = """# TYPE api_request_duration_seconds histogram
 api_request_duration_seconds_bucket{outcome="ok",le="0.1"} 8

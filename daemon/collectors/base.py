@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from daemon.histogram import Histogram
-from daemon.services import ServiceSpec
+from daemon.model.histogram import Histogram
+from daemon.model.service import ServiceSpec
 
 # A signal key: (signal name, one bounded label value or ""), e.g.
 # ("runqueue_wait", ""), ("offcpu", "futex"), ("tcp_rtt", "inference"), ("http_request", "").

@@ -9,8 +9,8 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from daemon.collectors.base import Key, Sample
-from daemon.histogram import BucketHistogram
-from daemon.services import ServiceSpec
+from daemon.model.histogram import BucketHistogram
+from daemon.model.service import ServiceSpec
 
 log = logging.getLogger(__name__)
 

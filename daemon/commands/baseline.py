@@ -8,7 +8,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from daemon.baselines import BaselineStore, Summary, UnknownBaseline
+from daemon.store.baselines import BaselineStore, Summary, UnknownBaseline
 
 NAME = "baseline"
 HELP = "list the stored baselines, show one series' summary, or compare two deploys (KS test)"

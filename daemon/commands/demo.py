@@ -27,7 +27,7 @@ def run(args) -> int:
     if (args.capacity is not None and args.capacity <= 0) or args.scale <= 0:
         print("slotune demo: --capacity and --scale must be > 0", file=sys.stderr)
         return 2
-    from daemon import demo
+    from daemon.demo import run as demo
     try:
         path = demo.run(args.run_dir, args.capacity, args.scale, args.dry_run)
     except RuntimeError as exc:

@@ -7,7 +7,7 @@ from urllib.parse import urlparse
 from urllib.request import urlopen
 
 from daemon import config
-from daemon import kernel_features as kf
+from daemon.host import kernel_features as kf
 
 NAME = "doctor"
 HELP = "check this host: privileges, BTF, tracefs, BCC, probe kinds, headers, NVML, Prometheus, Redis"

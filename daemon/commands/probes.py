@@ -6,7 +6,7 @@ import signal
 import sys
 import time
 
-from daemon.services import ServiceSpec
+from daemon.model.service import ServiceSpec
 
 NAME = "probes"
 HELP = "print the BPF programs slotune loads, or watch services through the kernel probes"

@@ -28,7 +28,7 @@ def run(args) -> int:
     except config.ConfigError as exc:
         print(f"slotune: bad config: {exc}", file=sys.stderr)
         return 2
-    from daemon.runner import Daemon
+    from daemon.process import Daemon
     try:
         daemon = Daemon(cfg, dry_run=args.dry_run)
         daemon.start()

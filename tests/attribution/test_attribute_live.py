@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from daemon.attribution import DOMINANT_SHARE
+from daemon.attribution.explain import DOMINANT_SHARE
 from reference_stack import launcher
 from reference_stack.client import StackClient
 from tests.conftest import ROOT, run_slotune

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.stack_config import for_reference_stack
+from daemon.demo.stack_config import for_reference_stack
 from reference_stack import launcher
 from reference_stack.client import StackClient
 from tests.conftest import ROOT

@@ -13,7 +13,7 @@ import uuid
 
 from daemon import config
 from daemon.collectors.service_metrics import ServiceMetricsCollector
-from daemon.runner import Daemon
+from daemon.process import Daemon
 from reference_stack import launcher, loadgen
 from tests.conftest import ROOT
 from tests.e2e.conftest import daemon_config

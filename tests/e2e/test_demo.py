@@ -21,7 +21,7 @@ def test_a_short_demo_writes_its_report_and_cleans_up(tmp_path, root_only):
 
 
 def test_the_report_counts_only_this_runs_decisions_when_the_run_dir_is_reused(tmp_path):
-    from daemon.demo import this_runs_decisions
+    from daemon.demo.run import this_runs_decisions
     log = tmp_path / "audit.jsonl"
     log.write_text('{"t": 100.0, "outcome": "pushed"}\n{"t": 200.0, "outcome": "rolled back"}\n\n'
                    '{"t": 300.0, "outcome": "pushed"}\n')

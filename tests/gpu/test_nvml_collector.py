@@ -8,10 +8,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.collectors.gpu_metrics import GpuMetrics
-from daemon.collectors.nvml import NvmlCollector
-from daemon.exporter import SampleExporter
-from daemon.services import ServiceSpec
+from daemon.collectors.gpu.metrics import GpuMetrics
+from daemon.collectors.gpu.collector import NvmlCollector
+from daemon.export.samples import SampleExporter
+from daemon.model.service import ServiceSpec
 from tests.gpu.fake_nvml import GIB, FakeGpu, FakeNvml
 
 SERVICES = [ServiceSpec("inference"), ServiceSpec("gateway")]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from daemon.collectors.kernel import KernelCollector
-from daemon.histogram import Histogram
+from daemon.model.histogram import Histogram
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 

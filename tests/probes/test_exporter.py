@@ -7,9 +7,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from daemon.collectors.base import Sample
-from daemon.exporter import SIGNALS, SampleExporter, register_signals
-from daemon.histogram import Histogram
-from daemon.services import ServiceSpec
+from daemon.export.samples import SIGNALS, SampleExporter, register_signals
+from daemon.model.histogram import Histogram
+from daemon.model.service import ServiceSpec
 from tests.probes.conftest import collected
 
 

@@ -3,7 +3,7 @@ time: the histogram's median is within 10 % of the sleep and every request is
 counted exactly once (new connections and keep-alive ones alike)."""
 import http.client
 
-from daemon.services import ServiceSpec
+from daemon.model.service import ServiceSpec
 from tests.probes.conftest import collected, hist
 
 SLEEP_S = 0.04

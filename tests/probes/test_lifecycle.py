@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from daemon.collectors.kernel.program import Attachment
-from daemon.services import ServiceSpec
+from daemon.model.service import ServiceSpec
 from tests.conftest import ROOT
 from tests.probes.conftest import collected
 

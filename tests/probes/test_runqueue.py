@@ -6,7 +6,7 @@ preemption (the kernel's own nonvoluntary_ctxt_switches), within 5 %."""
 import os
 import time
 
-from daemon.services import ServiceSpec
+from daemon.model.service import ServiceSpec
 from tests.probes.conftest import collected, hist
 
 WAKEUPS = 150

@@ -5,7 +5,7 @@ import ctypes
 import os
 
 from daemon.collectors.kernel.program import items, program_text
-from daemon.histogram import SLOTS, slot_of
+from daemon.model.histogram import SLOTS, slot_of
 
 PROBE = """
 int on_enter(struct tracepoint__raw_syscalls__sys_enter *args)

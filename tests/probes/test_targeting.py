@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.services import ServiceSpec
-from daemon.targeting import Targeting, TargetingError
+from daemon.model.service import ServiceSpec
+from daemon.collectors.kernel.targeting import Targeting, TargetingError
 from tests.probes.conftest import collected, hist
 
 CGROUP_V2 = Path("/sys/fs/cgroup/unified") if Path("/sys/fs/cgroup/unified/cgroup.procs").exists() \

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from daemon.services import ServiceSpec
+from daemon.model.service import ServiceSpec
 from tests.probes.conftest import collected, hist
 
 RATE_BIT_S = 10e6

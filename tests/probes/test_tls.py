@@ -6,7 +6,7 @@ import json
 import statistics
 import subprocess
 
-from daemon.services import ServiceSpec
+from daemon.model.service import ServiceSpec
 from tests.probes.conftest import collected, hist
 
 HANDSHAKES = 20

@@ -14,9 +14,9 @@ from daemon.collectors.kernel.program import HINT_SLOTS, SIGNAL_NAMES, U32, Fami
 from daemon.collectors.kernel.runqueue import RunQueue
 from daemon.collectors.kernel.tcp import Tcp
 from daemon.collectors.kernel.tls import Tls
-from daemon.histogram import Histogram
-from daemon.services import ServiceSpec
-from daemon.targeting import ServiceProcesses, Targeting
+from daemon.model.histogram import Histogram
+from daemon.model.service import ServiceSpec
+from daemon.collectors.kernel.targeting import ServiceProcesses, Targeting
 
 log = logging.getLogger(__name__)
 

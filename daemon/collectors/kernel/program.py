@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import bpf as bpf_sources
-from daemon.histogram import SLOTS
+from daemon.model.histogram import SLOTS
 
 log = logging.getLogger(__name__)
 

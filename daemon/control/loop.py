@@ -10,11 +10,11 @@ import math
 from dataclasses import dataclass, field, replace
 
 import tuners
-from daemon import observations
-from daemon.actuators import Actuator, ActuatorError
-from daemon.audit import AuditLog, Entry
+from daemon.control import observations
+from daemon.control.actuators import Actuator, ActuatorError
+from daemon.control.audit import AuditLog, Entry
 from daemon.config import Bounds, Config, ServiceConf
-from daemon.window import Window, merged_latency
+from daemon.model.window import Window, merged_latency
 
 log = logging.getLogger(__name__)
 ROLLBACK_WORSE = 1.25      # P99 this much worse than before the change ...

@@ -9,7 +9,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from daemon.actuators import ActuatorError
+from daemon.control.actuators import ActuatorError
 
 
 class HttpJsonActuator:

@@ -46,8 +46,8 @@ from typing import Mapping, Sequence
 import numpy as np
 from scipy.optimize import nnls
 
-from daemon import attribution_causes as causes
-from daemon.window import EBPF_LATENCY, Window, merged_latency
+from daemon.attribution import causes
+from daemon.model.window import EBPF_LATENCY, Window, merged_latency
 
 DOMINANT_SHARE = 0.2     # a cause above this share of the growth is named
 TAIL_GAIN = 10.0         # most the tail may exceed the sum of the causes' mean rises: behind a

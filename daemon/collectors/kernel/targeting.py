@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from daemon.services import ServiceSpec
+from daemon.model.service import ServiceSpec
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 

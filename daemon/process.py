@@ -17,19 +17,20 @@ from prometheus_client import CollectorRegistry
 from tuners import drift
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from daemon import attribution
+from daemon.attribution import explain as attribution
 from daemon import config as config_mod
-from daemon import sdnotify, window
-from daemon.actuators import for_control
-from daemon.audit import AuditLog
-from daemon.baselines import BaselineStore
-from daemon.collectors.gpu_metrics import GpuMetrics
+from daemon.host import sdnotify
+from daemon.model import window
+from daemon.control.actuators import for_control
+from daemon.control.audit import AuditLog
+from daemon.store.baselines import BaselineStore
+from daemon.collectors.gpu.metrics import GpuMetrics
 from daemon.collectors.kernel.collector import KernelCollector
-from daemon.collectors.nvml import NvmlCollector
+from daemon.collectors.gpu.collector import NvmlCollector
 from daemon.collectors.service_metrics import ServiceMetricsCollector
-from daemon.control import DRIFT_METRIC, ControlLoop
-from daemon.daemon_metrics import DaemonMetrics
-from daemon.exporter import SampleExporter
+from daemon.control.loop import DRIFT_METRIC, ControlLoop
+from daemon.export.loop_metrics import DaemonMetrics
+from daemon.export.samples import SampleExporter
 
 log = logging.getLogger(__name__)
 HISTORY_S = 600.0          # windows kept per service (attribution horizon and tuners' look-back)

@@ -180,7 +180,7 @@ def check_fentry() -> Finding:
 
 
 def check_nvml() -> Finding:
-    from daemon.collectors import nvml  # the collector's own start-up check, so both say the same
+    from daemon.collectors.gpu import collector as nvml  # the collector's own start-up check, so both say the same
     ok, detail, fix = nvml.probe()
     return Finding("NVML", ok, detail, fix)
 

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from daemon.window import Window
+from daemon.model.window import Window
 
 # Syscall classes (bpf/offcpu.bpf.c) that stall the thread that makes them:
 # sleeps, file reads/writes, and the rest (fsync, ...). poll and futex are how

@@ -13,7 +13,7 @@ from typing import NamedTuple
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from daemon.collectors.base import Sample
-from daemon.histogram import EXPORT_BOUNDS_S, Histogram
+from daemon.model.histogram import EXPORT_BOUNDS_S, Histogram
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class SampleExporter:
             return True
         if signal not in self._unknown:
             self._unknown.add(signal)
-            log.warning("signal %r (%s) has no metric in daemon.exporter.SIGNALS; not exported "
+            log.warning("signal %r (%s) has no metric in daemon.export.samples.SIGNALS; not exported "
                         "(add it with register_signals)", signal, kind)
         return False
 

@@ -13,9 +13,9 @@ from typing import Callable
 import pynvml
 
 from daemon.collectors.base import Sample
-from daemon.collectors.gpu_device import GpuDevice, GpuReading, log, text
-from daemon.exporter import register_signals
-from daemon.services import ServiceSpec
+from daemon.collectors.gpu.device import GpuDevice, GpuReading, log, text
+from daemon.export.samples import register_signals
+from daemon.model.service import ServiceSpec
 
 XID_GPU_FELL_OFF_THE_BUS = 79
 MAX_EVENTS_PER_SWEEP = 1000  # an XID storm cannot stall a sweep

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from daemon.collectors.base import Key, Sample
-from daemon.histogram import BucketHistogram, Histogram
+from daemon.model.histogram import BucketHistogram, Histogram
 
 EBPF_LATENCY: Key = ("http_request", "")
 ERROR_OUTCOMES = ("error",)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from daemon import report
+from daemon.demo import report
 from daemon.commands.status import render
-from daemon.stack_config import for_reference_stack
+from daemon.demo.stack_config import for_reference_stack
 from reference_stack import launcher, loadgen
 
 ROOT = Path(__file__).resolve().parents[1]

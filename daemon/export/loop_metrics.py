@@ -1,7 +1,7 @@
 """The daemon's own view for Prometheus, built at scrape time from its latest
 state: per-service latency vs SLO and SLO-miss counters (for burn-rate
 alerts), settings, decisions and rollbacks, attribution shares and drift.
-(Collector and probe health come from daemon.exporter.SampleExporter.)"""
+(Collector and probe health come from daemon.export.samples.SampleExporter.)"""
 from __future__ import annotations
 
 import math
@@ -9,8 +9,8 @@ from collections import Counter
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from daemon.audit import Entry
-from daemon.window import Window
+from daemon.control.audit import Entry
+from daemon.model.window import Window
 
 QUANTILES = (0.5, 0.95, 0.99)
 

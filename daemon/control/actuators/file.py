@@ -8,7 +8,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from daemon.actuators import ActuatorError
+from daemon.control.actuators import ActuatorError
 from daemon.config import signal_number
 
 

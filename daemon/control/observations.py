@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from tuners import batch, breaker, drift, sampling, throttle
 
 from daemon.config import ServiceConf
-from daemon.window import Window, merged_latency
+from daemon.model.window import Window, merged_latency
 
 MIN_REQUESTS = 5   # a window with fewer says little about a tail
 

@@ -23,8 +23,8 @@ class Actuator(Protocol):
 
 
 def for_control(control: Control) -> Actuator:
-    from daemon.actuators.file import FileActuator
-    from daemon.actuators.http_json import HttpJsonActuator
+    from daemon.control.actuators.file import FileActuator
+    from daemon.control.actuators.http_json import HttpJsonActuator
     if control.kind == "file":
         return FileActuator(control.path, control.pid_file, control.signal)
     return HttpJsonActuator(control.url, control.token_file, control.method,

@@ -1,12 +1,12 @@
 """Prometheus export of the GPU collector: slotune_gpu_* families built at scrape
 time from the latest sweep (no NVML call on the scrape path), labelled by gpu
 index and uuid, per service by service and gpu, never per PID. (Each service's
-Sample rollups, slotune_service_gpu_*, go out through daemon.exporter.)"""
+Sample rollups, slotune_service_gpu_*, go out through daemon.export.samples.)"""
 from __future__ import annotations
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from daemon.collectors.nvml import NvmlCollector
+from daemon.collectors.gpu.collector import NvmlCollector
 
 GPU_LABELS = ["gpu", "uuid"]
 
@@ -33,7 +33,7 @@ GAUGES = {
 class GpuMetrics:
     """A prometheus_client custom collector over an NvmlCollector:
     registry.register(GpuMetrics(nvml_collector)). slotune_collector_up{collector="nvml"}
-    comes from daemon.exporter.SampleExporter.set_collector_up, like every collector's."""
+    comes from daemon.export.samples.SampleExporter.set_collector_up, like every collector's."""
 
     def __init__(self, collector: NvmlCollector):
         self.collector = collector
