@@ -97,14 +97,17 @@ if [ ! -e "$site/bcc" ]; then
   ln -sfn "$bcc_dir" "$site/bcc"
   ok "linked the distro's bcc module into the venv"
 fi
+# The daemon plus its extras: [stack] (the reference stack: aiohttp, redis, torch)
+# and [report] (matplotlib) for `make demo`, [test] for `make test`. A host that
+# only runs the daemon needs no extras: `pip install .`.
 # Reinstall only when the dependency list changed. "compat" editable mode puts the
 # repo on the path, so packages added later import without a reinstall.
 want=$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
-  step "pip install -e .[test,stack]"
+  step "pip install -e .[test,stack,report]"
   log="$VENV/pip-install.log"
   if ! { "$VENV/bin/python" -m pip install --upgrade pip \
-         && "$VENV/bin/python" -m pip install --config-settings editable_mode=compat -e "$ROOT[test,stack]"; } >"$log" 2>&1; then
+         && "$VENV/bin/python" -m pip install --config-settings editable_mode=compat -e "$ROOT[test,stack,report]"; } >"$log" 2>&1; then
     tail -n 30 "$log" >&2
     die "pip install failed; the whole log is in $log"
   fi
