@@ -7,7 +7,7 @@ import pytest
 
 from daemon.control.actuators.file import FileActuator
 from daemon.control.actuators.http_json import HttpJsonActuator
-from daemon.control.audit import AuditLog
+from daemon.control.audit import AuditLog, Outcome
 from daemon.config import Bounds, Config, Control, ServiceConf, TunerConf
 from daemon.control.loop import ControlLoop, guarded
 from daemon.model.histogram import Histogram
@@ -84,7 +84,7 @@ def test_a_change_that_makes_p99_worse_at_the_same_load_is_rolled_back(tmp_path)
     entries = control.tick(2.0, {"api": history})
     outcomes = [e.outcome for e in entries]
     assert outcomes[0] == "rolled back" and pushed(path) == 100.0
-    assert "held: rolled back recently" in outcomes[1:]
+    assert (Outcome.HELD, "rolled back recently") in [(e.outcome, e.detail) for e in entries[1:]]
 
 
 def test_a_worse_p99_under_a_much_higher_load_is_not_blamed_on_the_change(tmp_path):
@@ -118,5 +118,18 @@ def test_a_tuner_that_cannot_run_on_a_service_stops_alone_and_says_why(tmp_path)
     audit = AuditLog(tmp_path / "audit.jsonl")
     control = ControlLoop(Config(path="t", services=(conf,)), {"api": FileActuator(str(path))}, audit, False)
     entries = control.tick(1.0, {"api": [window(1.0, 0.5)]})
-    assert entries[0].outcome == "refused: tuner stopped" and "rate_limit_rps" in entries[0].reason
+    assert (entries[0].outcome, entries[0].detail) == (Outcome.REFUSED, "tuner stopped")
+    assert "rate_limit_rps" in entries[0].reason
     assert control.tick(3.0, {"api": [window(3.0, 0.5)]}) == []
+
+
+def test_the_audit_log_keeps_the_outcome_words_its_readers_match_and_the_detail_beside(tmp_path):
+    control, path, audit = loop(tmp_path)
+    history = [window(1.0, 0.1)]
+    control.tick(1.0, {"api": history})
+    history.append(window(2.0, 0.5))
+    control.tick(2.0, {"api": history})
+    lines = [json.loads(l) for l in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert [(l["outcome"], l["detail"]) for l in lines] == [
+        ("pushed", ""), ("rolled back", ""), ("held", "rolled back recently")]
+    assert [Outcome(l["outcome"]).label for l in lines] == ["pushed", "rolled_back", "held"]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 import tuners
 from daemon.control import observations
 from daemon.control.actuators import Actuator, ActuatorError
-from daemon.control.audit import AuditLog, Entry
+from daemon.control.audit import AuditLog, Entry, Outcome
 from daemon.config import Bounds, Config, ServiceConf
 from daemon.model.window import Window, merged_latency
 
@@ -147,7 +147,7 @@ class ControlLoop:
         except ValueError as exc:   # e.g. the service has no such setting: stop this tuner, keep the rest
             log.error("service %s: tuner %s stopped: %s", sc.conf.name, tconf.name, exc)
             sc.stopped.add(tconf.name)
-            entry = Entry(now, sc.conf.name, tconf.name, "-", None, None, str(exc), "refused: tuner stopped")
+            entry = Entry(now, sc.conf.name, tconf.name, "-", None, None, str(exc), Outcome.REFUSED, "tuner stopped")
             self.audit.write(entry)
             return [entry]
         if tconf.name == "drift":
@@ -181,7 +181,7 @@ class ControlLoop:
         if decision.alert == was:
             return []
         entry = Entry(now, sc.conf.name, "drift", DRIFT_METRIC, obs.baseline.mean, obs.value, decision.reason,
-                      "alert raised" if decision.alert else "alert cleared")
+                      Outcome.ALERT_RAISED if decision.alert else Outcome.ALERT_CLEARED)
         self.audit.write(entry)
         return [entry]
 
@@ -190,29 +190,29 @@ class ControlLoop:
         old = sc.settings.get(setting)
         if bounds is None:
             return Entry(now, sc.conf.name, tconf.name, setting, old, wanted, reason,
-                         "refused: no bounds for this setting in the config")
+                         Outcome.REFUSED, "no bounds for this setting in the config")
         new = guarded(float(wanted), old, bounds)
         if old is not None and math.isclose(new, old, rel_tol=1e-9, abs_tol=1e-12):
             return None
         if now < sc.held_until.get(setting, -math.inf):
-            return Entry(now, sc.conf.name, tconf.name, setting, old, new, reason, "held: rolled back recently")
+            return Entry(now, sc.conf.name, tconf.name, setting, old, new, reason, Outcome.HELD, "rolled back recently")
         if now - sc.last_change.get(setting, -math.inf) < tconf.interval_s:
-            return Entry(now, sc.conf.name, tconf.name, setting, old, new, reason, "held: changed this interval")
+            return Entry(now, sc.conf.name, tconf.name, setting, old, new, reason, Outcome.HELD, "changed this interval")
         note = "" if new == wanted else f" (tuner wanted {wanted:g})"
         if self.dry_run or sc.actuator is None:
-            return Entry(now, sc.conf.name, tconf.name, setting, old, new, reason + note, "dry-run")
+            return Entry(now, sc.conf.name, tconf.name, setting, old, new, reason + note, Outcome.DRY_RUN)
         try:
             sc.actuator.push({setting: new})
         except ActuatorError as exc:
             if exc.unreachable:
                 sc.reachable, sc.retry_at = False, now + sc.backoff_s
-            return Entry(now, sc.conf.name, tconf.name, setting, old, new, reason + note, f"push failed: {exc}")
+            return Entry(now, sc.conf.name, tconf.name, setting, old, new, reason + note, Outcome.PUSH_FAILED, str(exc))
         sc.settings[setting] = new
         sc.last_change[setting] = now
         p99, load = merged_p99(recent)
         if old is not None and math.isfinite(p99):
             sc.pending.append(Pending(tconf.name, setting, old, new, now, tconf.interval_s, p99, load))
-        return Entry(now, sc.conf.name, tconf.name, setting, old, new, reason + note, "pushed")
+        return Entry(now, sc.conf.name, tconf.name, setting, old, new, reason + note, Outcome.PUSHED)
 
     def _judge(self, sc: ServiceControl, now: float, windows: list[Window]) -> list[Entry]:
         """Roll back a change whose next interval has a clearly worse P99 under a similar load."""
@@ -228,23 +228,23 @@ class ControlLoop:
             why = (f"P99 {p99 * 1e3:.0f} ms after the change vs {p.before_p99 * 1e3:.0f} ms before, "
                    f"load {load:.1f}/s vs {p.before_load:.1f}/s")
             if not (worse and similar):
-                verdict = "kept: load changed too much to judge" if worse else "kept"
-                entry = Entry(now, sc.conf.name, p.tuner, p.setting, p.old, p.new, why, verdict)
+                entry = Entry(now, sc.conf.name, p.tuner, p.setting, p.old, p.new, why, Outcome.KEPT,
+                              "load changed too much to judge" if worse else "")
                 self.audit.write(entry)
                 entries.append(entry)
                 continue
-            outcome = "rolled back"
+            outcome, detail = Outcome.ROLLED_BACK, ""
             try:
                 if not self.dry_run:
                     sc.actuator.push({p.setting: p.old})
                 sc.settings[p.setting] = p.old
             except ActuatorError as exc:
-                outcome = f"rollback failed: {exc}"
+                outcome, detail = Outcome.ROLLBACK_FAILED, str(exc)
             sc.last_change[p.setting] = now
             sc.rollbacks[p.setting] = sc.rollbacks.get(p.setting, 0) + 1
             hold = HOLD_INTERVALS * p.interval_s * 2 ** (sc.rollbacks[p.setting] - 1)
             sc.held_until[p.setting] = now + min(hold, MAX_HOLD_S)
-            entry = Entry(now, sc.conf.name, p.tuner, p.setting, p.new, p.old, why, outcome)
+            entry = Entry(now, sc.conf.name, p.tuner, p.setting, p.new, p.old, why, outcome, detail)
             self.audit.write(entry)
             entries.append(entry)
         sc.pending = still

@@ -15,13 +15,6 @@ from daemon.model.window import Window
 QUANTILES = (0.5, 0.95, 0.99)
 
 
-def outcome_class(outcome: str) -> str:
-    for prefix in ("pushed", "dry-run", "held", "refused", "rolled back", "rollback failed", "push failed", "kept"):
-        if outcome.startswith(prefix):
-            return prefix.replace(" ", "_").replace("-", "_")
-    return "other"
-
-
 class DaemonMetrics:
     """Fed by the daemon once per window; read by prometheus_client at scrape time."""
 
@@ -44,7 +37,7 @@ class DaemonMetrics:
 
     def observe_decisions(self, entries: list[Entry]) -> None:
         for e in entries:
-            self.decisions[(e.service, e.tuner, e.setting, outcome_class(e.outcome))] += 1
+            self.decisions[(e.service, e.tuner, e.setting, e.outcome.label)] += 1
 
     def collect(self):
         lat = GaugeMetricFamily("slotune_service_latency_seconds",
