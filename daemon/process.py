@@ -1,65 +1,68 @@
 """The daemon process: every collection interval it reads all collectors,
-builds one Window per service, feeds attribution, the control loop, the
-exporter and the baseline store; it serves /metrics and /status, reloads its
-config on SIGHUP and detaches every probe on SIGTERM."""
+builds one Window per service and one Interval of them, hands that to
+attribution, the control loop and the baseline recorder, and publishes what it
+found for /metrics and /status; it reloads its config on SIGHUP and detaches
+every probe on SIGTERM."""
 from __future__ import annotations
 
-import json
 import logging
 import math
 import signal
 import threading
 import time
 from collections import defaultdict, deque
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry
-from tuners import drift
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from daemon.attribution import explain as attribution
 from daemon import config as config_mod
-from daemon.host import sdnotify
-from daemon.model import window
+from daemon.attribution import explain as attribution
+from daemon.collectors.gpu.collector import NvmlCollector
+from daemon.collectors.kernel.collector import KernelCollector
+from daemon.collectors.kernel.targeting import Targeting
+from daemon.collectors.service_metrics import ServiceMetricsCollector
 from daemon.control.actuators import for_control
 from daemon.control.audit import AuditLog
-from daemon.store.baselines import BaselineStore
-from daemon.collectors.gpu.metrics import GpuMetrics
-from daemon.collectors.kernel.collector import KernelCollector
-from daemon.collectors.gpu.collector import NvmlCollector
-from daemon.collectors.service_metrics import ServiceMetricsCollector
-from daemon.control.loop import DRIFT_METRIC, ControlLoop
-from daemon.export.loop_metrics import DaemonMetrics
+from daemon.control.loop import ControlLoop
+from daemon.export.loop_metrics import LoopMetrics, LoopView
 from daemon.export.samples import SampleExporter
+from daemon.export.server import MetricsServer
+from daemon.host import sdnotify
+from daemon.model import window
+from daemon.model.interval import Interval
+from daemon.store.baselines import BaselineStore
+from daemon.store.recorder import BaselineRecorder
 
 log = logging.getLogger(__name__)
+STORE_BUSY_S = 0.5         # a locked baseline store costs a tick at most this long
 HISTORY_S = 600.0          # windows kept per service (attribution horizon and tuners' look-back)
-BASELINE_EVERY_S = 10.0    # one baseline point per service and metric this often
 MAX_FAILED_INTERVALS = 30  # this many failing intervals in a row end the process
+# Keys read only when the daemon starts; a reload that changes one is refused.
+RESTART_ONLY = ("exporter_address", "audit_log", "baseline_store", "collect_interval_s", "probes")
 
 
 class Daemon:
     def __init__(self, cfg: config_mod.Config, dry_run: bool = False, collectors=None):
-        self.cfg, self.dry_run = cfg, dry_run or cfg.dry_run
-        self.metrics = DaemonMetrics()
+        self.cfg, self.forced_dry_run, self.dry_run = cfg, dry_run, dry_run or cfg.dry_run
+        self.metrics = LoopMetrics()
         self.exporter = SampleExporter()
         self.registry = CollectorRegistry()
         self.registry.register(self.metrics)
         self.registry.register(self.exporter)
         self.collectors = list(collectors) if collectors is not None else self._default_collectors(cfg)
         for c in self.collectors:
-            if isinstance(c, NvmlCollector):
-                self.registry.register(GpuMetrics(c))
+            for extra in c.metric_families():
+                self.registry.register(extra)
         self.history: dict[str, deque] = defaultdict(lambda: deque(maxlen=self._history_len()))
         self.audit = AuditLog(cfg.audit_log)
-        self.store = BaselineStore(cfg.baseline_store)
-        self.control = ControlLoop(cfg, self._actuators(cfg), self.audit, self.dry_run, self._baseline)
-        self.metrics.drift = self.control.drift
+        self.store = BaselineStore(cfg.baseline_store, busy_timeout_s=STORE_BUSY_S)
+        self.recorder = BaselineRecorder(self.store, cfg.environment, cfg.deploy_id, cfg.baseline_retention_days)
+        self.registry.register(self.recorder)
+        self.control = ControlLoop(cfg, self._actuators(cfg), self.audit, self.dry_run, self.recorder.baseline)
         self.stop_event = threading.Event()
         self.reload_requested = False
-        self.server: ThreadingHTTPServer | None = None
-        self.last_baseline_t = 0.0
-        self.lock = threading.Lock()   # the HTTP thread reads what the loop writes
+        self.server: MetricsServer | None = None
+        self.lock = threading.Lock()   # a reload and a step never run at once
+        self.shown = self._status(Interval(0.0, 0.0, {}), LoopView())   # until the first tick
 
     def _history_len(self) -> int:
         return max(int(HISTORY_S / self.cfg.collect_interval_s), 10)
@@ -76,7 +79,13 @@ class Daemon:
 
     @staticmethod
     def _actuators(cfg):
-        return {s.name: for_control(s.control) for s in cfg.services if s.control is not None}
+        def owns(spec):
+            """owns(pid): pid is one of the service's processes, matched as the kernel probes match them."""
+            def check(pid: int) -> bool:
+                targeting = Targeting([spec])
+                return targeting.matches(pid, spec, targeting.port_listeners())
+            return check
+        return {s.name: for_control(s.control, owns(s.spec)) for s in cfg.services if s.control is not None}
 
     # --- life cycle ---------------------------------------------------------
     def start(self) -> None:
@@ -84,7 +93,8 @@ class Daemon:
         for c in self.collectors:
             c.start(specs)
         self._report_health()
-        self._serve()
+        self.server = MetricsServer(self.cfg.exporter_address, self.cfg.exporter_host_port, self.registry,
+                                    lambda: self.shown)
         mode = "dry-run (decides, pushes nothing)" if self.dry_run else "closed loop"
         log.info("slotune running: %d service(s), %s, metrics on http://%s/metrics",
                  len(self.cfg.services), mode, self.cfg.exporter_address)
@@ -98,22 +108,35 @@ class Daemon:
             except Exception:
                 log.exception("closing collector %s", c.name)
         if self.server:
-            self.server.shutdown()
-            self.server.server_close()
+            self.server.close()
             self.server = None
         self.audit.close()
         self.store.close()
 
-    def run_forever(self) -> None:
+    def handle_signals(self) -> None:
+        """SIGTERM/SIGINT stop, SIGHUP reloads; installed before start() says READY=1."""
         signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
         signal.signal(signal.SIGINT, lambda *_: self.stop_event.set())
         signal.signal(signal.SIGHUP, lambda *_: setattr(self, "reload_requested", True))
+
+    def _wait_until(self, end: float, watchdog: float | None) -> None:
+        """Sleep until `end` (or a stop), pinging the systemd watchdog at half its interval."""
+        while not self.stop_event.is_set():
+            left = end - time.time()
+            if watchdog:
+                sdnotify.watchdog_ping()
+            if left <= 0:
+                return
+            self.stop_event.wait(min(left, watchdog / 2) if watchdog else left)
+
+    def run_forever(self) -> None:
+        self.handle_signals()
         watchdog = sdnotify.watchdog_interval()
         start, failures = time.time(), 0
         try:
             while not self.stop_event.is_set():
                 end = start + self.cfg.collect_interval_s
-                self.stop_event.wait(max(0.0, end - time.time()))
+                self._wait_until(end, watchdog)
                 if self.stop_event.is_set():
                     break
                 if self.reload_requested:
@@ -127,21 +150,32 @@ class Daemon:
                     log.exception("interval failed (%d in a row); the daemon goes on", failures)
                     if failures >= MAX_FAILED_INTERVALS:
                         raise   # exit non-zero: systemd restarts us (Restart=on-failure)
-                if watchdog:
-                    sdnotify.watchdog_ping()
                 start = end if time.time() - end < self.cfg.collect_interval_s else time.time()
         finally:
             self.close()
 
     def reload(self) -> bool:
-        """Re-read the config file; a bad file is refused and the running config kept."""
+        """Re-read the config file; a file that is bad, or that changes a key read only at
+        start, is refused whole and the running config kept. dry_run applies at once."""
         try:
             new = config_mod.load(self.cfg.path)
-        except config_mod.ConfigError as exc:
+            fixed = [k for k in RESTART_ONLY if getattr(new, k) != getattr(self.cfg, k)]
+            if fixed:
+                raise config_mod.ConfigError(new.path, f"daemon.{fixed[0]}", (
+                    f"changed from {getattr(self.cfg, fixed[0])!r} to {getattr(new, fixed[0])!r}, which takes "
+                    "effect only at start: restart slotune (systemctl restart slotune) to apply it"))
+        except Exception as exc:   # whatever went wrong, the running config stays
             log.error("config reload refused, keeping the running config: %s", exc)
             return False
         sdnotify.reloading()
         with self.lock:
+            dry_run = self.forced_dry_run or new.dry_run
+            if dry_run != self.dry_run:
+                log.warning("config reload: dry-run is now %s", "on: nothing will be pushed" if dry_run
+                            else "off: decisions are pushed again")
+            self.dry_run = self.control.dry_run = dry_run
+            self.recorder.environment, self.recorder.deploy_id = new.environment, new.deploy_id
+            self.recorder.retention_s = new.baseline_retention_days * 86400.0
             self.cfg = new
             specs = [s.spec for s in new.services]
             for c in self.collectors:
@@ -161,113 +195,65 @@ class Daemon:
                 log.exception("collector %s failed this interval; the others go on", c.name)
                 continue
             samples += got
-            if not isinstance(c, ServiceMetricsCollector):  # services export their own metrics
+            if c.exports_samples:
                 self.exporter.observe(got)
         self._report_health()
         by_service = defaultdict(list)
         for s in samples:
             by_service[s.service].append(s)
         with self.lock:
+            built = []
             for svc in self.cfg.services:
                 w = window.build(svc.name, svc.spec.slo_p99_s, start, end, by_service.get(svc.name, []),
                                  svc.latency_metric)
                 self.history[svc.name].append(w)
-                self.metrics.observe_window(w)
-            self.metrics.attribution.update(attribution.explain_all(
-                {name: self.history[name] for name in (s.name for s in self.cfg.services)},
-                attribution.call_graph(self.cfg.services), now=end))
-            entries = self.control.tick(end, {k: list(v) for k, v in self.history.items()})
-            self.metrics.observe_decisions(entries)
-            for name, sc in self.control.services.items():
-                self.metrics.reachable[name] = sc.control_ok
-                for setting, value in sc.settings.items():
-                    if setting in sc.conf.settings:
-                        self.metrics.settings[(name, setting)] = value
-        if end - self.last_baseline_t >= BASELINE_EVERY_S:
-            self._record_baselines(end)
+                built.append(w)
+            names = [s.name for s in self.cfg.services]
+            interval = Interval(start, end, {name: tuple(self.history[name]) for name in names})
+            explained = attribution.explain_all(interval.history, attribution.call_graph(self.cfg.services),
+                                                now=end)
+            entries = self.control.tick(end, {k: list(v) for k, v in interval.history.items()})
+            view = self._view(explained)
+            self.metrics.observe(built, entries, view)
+            self.recorder.record(interval, names)
+            self.shown = self._status(interval, view)
 
-    def _baseline(self, service: str, since: float, until: float) -> drift.Baseline | None:
-        """The stored P99 history of this environment (every deploy) as the drift tuner's baseline."""
-        values = self.store.values(service, DRIFT_METRIC, self.cfg.environment, since=since, until=until)
-        if len(values) < 3:
-            return None
-        return drift.Baseline(mean=float(values.mean()), std=float(values.std(ddof=1)), windows=len(values),
-                              samples=tuple(float(v) for v in values[-500:]), robust_std=drift.robust_std(values))
+    def _view(self, explained: dict) -> LoopView:
+        settings, reachable = {}, {}
+        for name, sc in self.control.services.items():
+            reachable[name] = sc.control_ok
+            settings.update({(name, k): v for k, v in sc.settings.items() if k in sc.conf.settings})
+        return LoopView(settings, reachable, dict(explained), dict(self.control.drift))
 
     def _report_health(self) -> None:
         for c in self.collectors:
             self.exporter.set_collector_up(c.name, c.up)
-            if isinstance(c, KernelCollector):
-                self.exporter.set_probes(c.attached)
+            self.exporter.set_probes(c.parts())
 
-    def _record_baselines(self, now: float) -> None:
-        rows = []
-        for svc in self.cfg.services:
-            recent = [w for w in self.history[svc.name] if w.end > now - BASELINE_EVERY_S and w.requests]
-            if not recent:
-                continue
-            merged = window.merged_latency(recent)
-            seconds = sum(w.seconds for w in recent)
-            values = {"latency_p50_seconds": merged.quantile(0.5), DRIFT_METRIC: merged.quantile(0.99),
-                      "throughput_rps": merged.count / seconds,
-                      "error_ratio": sum(w.errors for w in recent) / max(merged.count, 1)}
-            rows += [(svc.name, m, v, now, self.cfg.environment, self.cfg.deploy_id)
-                     for m, v in values.items() if math.isfinite(v)]
-        if rows:
-            self.store.record_many(rows)
-        self.last_baseline_t = now
-
-    # --- HTTP: /metrics and /status ----------------------------------------
+    # --- /status -----------------------------------------------------------
     def status(self) -> dict:
-        with self.lock:
-            services = {}
-            for svc in self.cfg.services:
-                hist = self.history.get(svc.name) or []
-                w = hist[-1] if hist else None
-                sc = self.control.services.get(svc.name)
-                services[svc.name] = {
-                    "slo_p99_s": svc.spec.slo_p99_s,
-                    "p50_s": _finite(w.p(0.5)) if w else None,
-                    "p99_s": _finite(w.p(0.99)) if w else None,
-                    "rate_rps": w.rate if w else 0.0,
-                    "errors": w.errors if w else 0.0,
-                    "latency_source": w.latency_source if w else "",
-                    "settings": {k: v for k, v in (sc.settings if sc else {}).items() if k in svc.settings},
-                    "control_reachable": bool(sc and sc.control_ok),
-                    "attribution": exp.as_status() if (exp := self.metrics.attribution.get(svc.name)) else None,
-                }
-            decisions = [e.__dict__ for e in list(self.audit.recent)[-20:]]
+        return self.shown
+
+    def _status(self, interval: Interval, view: LoopView) -> dict:
+        """The JSON `slotune status` shows, built once per tick (a request reads it whole)."""
+        services = {}
+        for svc in self.cfg.services:
+            w = interval.latest(svc.name)
+            exp = view.attribution.get(svc.name)
+            services[svc.name] = {
+                "slo_p99_s": svc.spec.slo_p99_s,
+                "p50_s": _finite(w.p(0.5)) if w else None,
+                "p99_s": _finite(w.p(0.99)) if w else None,
+                "rate_rps": w.rate if w else 0.0,
+                "errors": w.errors if w else 0.0,
+                "latency_source": w.latency_source if w else "",
+                "settings": {k: v for (name, k), v in view.settings.items() if name == svc.name},
+                "control_reachable": bool(view.reachable.get(svc.name)),
+                "attribution": exp.as_status() if exp else None,
+            }
+        decisions = [e.__dict__ for e in list(self.audit.recent)[-20:]]
         return {"dry_run": self.dry_run, "services": services, "decisions": decisions,
                 "collectors": {c.name: c.up for c in self.collectors}}
-
-    def _serve(self) -> None:
-        daemon = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                if self.path.startswith("/metrics"):
-                    body, ctype = generate_latest(daemon.registry), CONTENT_TYPE_LATEST
-                elif self.path.startswith("/status"):
-                    body, ctype = json.dumps(daemon.status()).encode(), "application/json"
-                else:
-                    self.send_error(404, "try /metrics or /status")
-                    return
-                self.send_response(200)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        host, port = self.cfg.exporter_host_port
-        try:
-            self.server = ThreadingHTTPServer((host, port), Handler)
-        except OSError as exc:
-            raise OSError(f"cannot listen on {self.cfg.exporter_address} ({exc.strerror}); "
-                          "set daemon.exporter_address to a free HOST:PORT") from None
-        threading.Thread(target=self.server.serve_forever, name="exporter", daemon=True).start()
 
 
 def _finite(v: float) -> float | None:

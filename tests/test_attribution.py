@@ -1,5 +1,6 @@
 """Attribution arithmetic pinned on small windows built by hand: the shares,
 the path through downstream services, the clean verdict, jitter, eBPF-only."""
+import dataclasses
 import json
 import math
 
@@ -8,7 +9,7 @@ import pytest
 
 from daemon.attribution import explain as attribution
 from daemon.attribution.explain import explain
-from daemon.collectors.base import Sample
+from daemon.model.sample import Sample
 from daemon.model.histogram import BucketHistogram, Histogram
 from daemon.model.window import Window, build
 
@@ -312,7 +313,7 @@ def test_a_shift_downstream_is_read_as_the_callees_own_p50_shift():
     # 3 ms while its P99 stayed where it was: the callee is credited by its P50 shift.
     def kernel_only(t, service, shift_ms):
         w = kernel_timed(t, np.random.default_rng(t), shift_ms)
-        w.service = service
+        w = dataclasses.replace(w, service=service)   # windows are immutable
         w.histograms.pop(("tls_handshake", ""))
         return w
     gateway = [kernel_only(t, "gateway", 3.0 if t >= 40 else 0.0) for t in range(42)]

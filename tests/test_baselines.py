@@ -225,7 +225,8 @@ def test_cli_takes_store_and_environment_from_the_config(store_file, tmp_path):
 
 def test_the_drift_tuner_gets_the_stored_history_with_its_robust_spread(tmp_path):
     from daemon import config
-    from daemon.process import DRIFT_METRIC, Daemon
+    from daemon.process import Daemon
+    from daemon.store.recorder import DRIFT_METRIC
     from tuners import drift
     (tmp_path / "slotune.toml").write_text(textwrap.dedent(f"""
         [daemon]
@@ -239,7 +240,7 @@ def test_the_drift_tuner_gets_the_stored_history_with_its_robust_spread(tmp_path
     daemon.store.record_many(("gw", DRIFT_METRIC, v, 1000.0 + i, daemon.cfg.environment, "d1")
                              for i, v in enumerate(values))
     try:
-        b = daemon._baseline("gw", since=0.0, until=2000.0)
+        b = daemon.recorder.baseline("gw", since=0.0, until=2000.0)
     finally:
         daemon.close()
     assert b.windows == 7 and b.mean == pytest.approx(np.mean(values))

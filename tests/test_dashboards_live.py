@@ -66,7 +66,7 @@ def seed_baselines(config: Path, days: float = 1.0) -> None:
     the drift tuner compares against it (without one it has nothing to say)."""
     from daemon import config as config_mod
     from daemon.store.baselines import BaselineStore
-    from daemon.control.loop import DRIFT_METRIC
+    from daemon.store.recorder import DRIFT_METRIC
     cfg = config_mod.load(config)
     now = time.time()
     store = BaselineStore(cfg.baseline_store)

@@ -2,7 +2,7 @@
 came from different sources (a missed scrape falls back to eBPF)."""
 import numpy as np
 
-from daemon.collectors.base import Sample
+from daemon.model.sample import Sample
 from daemon.collectors.service_metrics import parse
 from daemon.model.histogram import Histogram
 from daemon.model.window import Window, build, merged_latency

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+from daemon.model import labels
 from daemon.model.window import Window
 
 # Syscall classes (bpf/offcpu.bpf.c) that stall the thread that makes them:
@@ -31,10 +32,6 @@ def _total_s(h) -> float:
 
 def _per_request(total_s: float, span: Window) -> float | None:
     return total_s / span.requests if span.requests else None
-
-
-def _labels(label: str) -> dict[str, str]:
-    return dict(part.split("=", 1) for part in label.split(",") if "=" in part)
 
 
 def runqueue_wait(span: Window) -> Reading | None:
@@ -128,7 +125,7 @@ def tool_readings(span: Window) -> dict[str, Reading]:
     """P99 of each tool call as the caller times it, from <caller>_tool_duration_seconds{tool=NAME}."""
     by_tool: dict[str, object] = {}
     for (fam, label), h in span.histograms.items():
-        tool = _labels(label).get("tool")
+        tool = labels.value(label, "tool")
         if tool and fam.endswith("_tool_duration_seconds"):
             by_tool[tool] = by_tool[tool].plus(h) if tool in by_tool else h
     out = {}

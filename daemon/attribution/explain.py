@@ -106,6 +106,7 @@ class Explanation:
         return {"verdict": self.verdict, "top_cause": self.top_cause, "shares": self.shares,
                 "confidence": self.confidence, "evidence": self.evidence,
                 "path": [list(p) for p in self.path], "excess_s": self.excess_s, "growth_s": self.growth_s,
+                "usual_tail_s": self.usual_tail_s,
                 "moved": self.moved,
                 "jitter_s": self.jitter_s, "jitter_shares": self.jitter_shares}
 
@@ -113,20 +114,19 @@ class Explanation:
 def merge(windows: Sequence[Window]) -> Window:
     """One Window spanning several: histograms and counters summed, gauges averaged."""
     first, last = windows[0], windows[-1]
-    out = Window(first.service, first.start, last.end, last.slo_p99_s, latency_source=last.latency_source)
-    out.latency = merged_latency(list(windows))
+    histograms: dict = {}
+    counters: dict = {}
     gauges: dict = {}
     for w in windows:
-        out.errors += w.errors
-        out.rejected += w.rejected
         for key, h in w.histograms.items():
-            out.histograms[key] = out.histograms[key].plus(h) if key in out.histograms else h
+            histograms[key] = histograms[key].plus(h) if key in histograms else h
         for key, v in w.counters.items():
-            out.counters[key] = out.counters.get(key, 0.0) + v
+            counters[key] = counters.get(key, 0.0) + v
         for key, v in w.gauges.items():
             gauges.setdefault(key, []).append(v)
-    out.gauges = {k: float(np.mean(v)) for k, v in gauges.items()}
-    return out
+    return Window(first.service, first.start, last.end, last.slo_p99_s, merged_latency(list(windows)),
+                  last.latency_source, sum(w.errors for w in windows), sum(w.rejected for w in windows),
+                  histograms, counters, {k: float(np.mean(v)) for k, v in gauges.items()})
 
 
 def timing_source(windows: Sequence[Window]) -> str:
@@ -163,7 +163,7 @@ _spans: dict[tuple[int, int, int, str], tuple[weakref.ref, weakref.ref, _Stats]]
 
 
 def _stats(ws: Sequence[Window], source: str) -> _Stats:
-    """_Stats of windows merged; remembered while they live (collected windows never change)."""
+    """_Stats of windows merged; remembered while the windows live (a Window never changes once built)."""
     key = (id(ws[0]), id(ws[-1]), len(ws), source)
     hit = _spans.get(key)
     if hit is not None and hit[0]() is ws[0] and hit[1]() is ws[-1]:

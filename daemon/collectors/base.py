@@ -1,32 +1,18 @@
-"""The contract between collectors and the rest of the daemon."""
+"""The contract between collectors and the rest of the daemon: what every
+collector does each interval, and how it says whether it works."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Iterable, Protocol
 
-from daemon.model.histogram import Histogram
+from daemon.model.sample import Sample
 from daemon.model.service import ServiceSpec
-
-# A signal key: (signal name, one bounded label value or ""), e.g.
-# ("runqueue_wait", ""), ("offcpu", "futex"), ("tcp_rtt", "inference"), ("http_request", "").
-Key = tuple[str, str]
-
-
-@dataclass
-class Sample:
-    """What one collector saw of one service during one interval [start, end).
-    Histograms and counters are deltas over the interval, gauges are last values."""
-    service: str
-    collector: str
-    start: float
-    end: float
-    histograms: dict[Key, Histogram] = field(default_factory=dict)
-    counters: dict[Key, float] = field(default_factory=dict)
-    gauges: dict[Key, float] = field(default_factory=dict)
 
 
 class Collector(Protocol):
     name: str
+    # False when the services export these signals themselves (their own /metrics):
+    # slotune then does not export them again.
+    exports_samples: bool
 
     def start(self, services: list[ServiceSpec]) -> None:
         """Attach / open; report what cannot work once, clearly, and carry on."""
@@ -43,3 +29,10 @@ class Collector(Protocol):
     @property
     def up(self) -> bool:
         """False when the collector could not start at all (exported as slotune_collector_up)."""
+
+    def parts(self) -> dict[str, bool]:
+        """Health of the collector's parts, e.g. each kernel probe: attached or not
+        (exported as slotune_probe_attached); {} when it has none."""
+
+    def metric_families(self) -> Iterable:
+        """Extra prometheus_client collectors of its own (e.g. per-GPU metrics); () when none."""

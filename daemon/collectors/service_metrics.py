@@ -8,15 +8,12 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.collectors.base import Key, Sample
+from daemon.model.sample import Key, Sample
+from daemon.model import labels
 from daemon.model.histogram import BucketHistogram
 from daemon.model.service import ServiceSpec
 
 log = logging.getLogger(__name__)
-
-
-def label_key(labels: dict[str, str]) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != "le")
 
 
 def parse(text: str) -> tuple[dict[Key, BucketHistogram], dict[Key, float], dict[Key, float]]:
@@ -27,7 +24,7 @@ def parse(text: str) -> tuple[dict[Key, BucketHistogram], dict[Key, float], dict
     gauges: dict[Key, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            key = (family.name, label_key(s.labels))
+            key = (family.name, labels.key(s.labels))
             if family.type == "histogram":
                 if s.name.endswith("_bucket"):
                     buckets.setdefault(key, []).append((float(s.labels["le"]), s.value))
@@ -52,9 +49,17 @@ class ServiceMetricsCollector:
         self.previous: dict[str, tuple[dict, dict]] = {}
         self.failing: set[str] = set()
 
+    exports_samples = False    # the services export these series themselves
+
     @property
     def up(self) -> bool:
         return True
+
+    def parts(self) -> dict[str, bool]:
+        return {}
+
+    def metric_families(self):
+        return ()
 
     def start(self, services: list[ServiceSpec]) -> None:
         self.update_services(services)

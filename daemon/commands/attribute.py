@@ -28,6 +28,8 @@ def _value(v: float, unit: str) -> str:
 
 def render(service: str, a: dict) -> str:
     rows = [a["verdict"], f"confidence {a['confidence']:.0%}"]
+    if not a.get("shares") and a.get("usual_tail_s"):
+        rows[-1] += f"; its usual tail (P99 - P50 of the baseline) is {a['usual_tail_s'] * 1e3:.1f} ms"
     if a.get("excess_s") is not None and a.get("shares"):
         rows[-1] += (f"; {a.get('moved', 'P99')} grew {a.get('growth_s', 0) * 1e3:+.1f} ms over the baseline "
                      f"(shares are of this); P99 excess over P50 {a['excess_s'] * 1e3:.1f} ms; "

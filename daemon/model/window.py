@@ -1,20 +1,22 @@
 """One time-aligned record per service per collection interval: every
 collector's Sample for that service merged, plus the service's end-to-end
-latency taken from its own histogram when configured, else from eBPF."""
+latency taken from its own histogram when configured, else from eBPF.
+A Window is built once and never changed after: later stages share it."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from daemon.collectors.base import Key, Sample
+from daemon.model import labels
 from daemon.model.histogram import BucketHistogram, Histogram
+from daemon.model.sample import Key, Sample
 
 EBPF_LATENCY: Key = ("http_request", "")
 ERROR_OUTCOMES = ("error",)
 REJECTED_OUTCOMES = ("rejected",)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Window:
     service: str
     start: float
@@ -53,48 +55,32 @@ class Window:
         good = self.requests * (1.0 - self.slo_miss_ratio) - self.errors
         return max(good, 0.0) / self.seconds
 
-    @property
-    def error_ratio(self) -> float:
-        return self.errors / self.requests if self.requests else 0.0
-
-    def family(self, name: str) -> dict[str, Histogram | BucketHistogram | float]:
-        """Everything under one metric family, by label string."""
-        found: dict[str, object] = {}
-        for table in (self.histograms, self.counters, self.gauges):
-            found.update({label: v for (fam, label), v in table.items() if fam == name})
-        return found
-
-
-def _outcome(label: str) -> str | None:
-    for part in label.split(","):
-        if part.startswith("outcome="):
-            return part[len("outcome="):]
-    return None
 
 
 def build(service: str, slo_p99_s: float, start: float, end: float, samples: list[Sample],
           latency_metric: str = "") -> Window:
     """Merge one service's samples for one interval into a Window."""
-    w = Window(service, start, end, slo_p99_s)
+    histograms: dict[Key, Histogram | BucketHistogram] = {}
+    counters: dict[Key, float] = {}
+    gauges: dict[Key, float] = {}
     for s in samples:
         for key, h in s.histograms.items():
-            w.histograms[key] = w.histograms[key].plus(h) if key in w.histograms else h
+            histograms[key] = histograms[key].plus(h) if key in histograms else h
         for key, v in s.counters.items():
-            w.counters[key] = w.counters.get(key, 0.0) + v
-        w.gauges.update(s.gauges)
+            counters[key] = counters.get(key, 0.0) + v
+        gauges.update(s.gauges)
+    latency, source, errors, rejected = None, "", 0.0, 0.0
     if latency_metric:
-        by_label = {label: h for (fam, label), h in w.histograms.items() if fam == latency_metric}
-        served = [h for label, h in by_label.items() if _outcome(label) not in REJECTED_OUTCOMES]
-        if served:
-            w.latency = served[0]
-            for h in served[1:]:
-                w.latency = w.latency.plus(h)
-            w.latency_source = "service"
-        w.errors = sum(h.count for label, h in by_label.items() if _outcome(label) in ERROR_OUTCOMES)
-        w.rejected = sum(h.count for label, h in by_label.items() if _outcome(label) in REJECTED_OUTCOMES)
-    if w.latency is None and EBPF_LATENCY in w.histograms:
-        w.latency, w.latency_source = w.histograms[EBPF_LATENCY], "ebpf"
-    return w
+        by_outcome = [(labels.value(label, "outcome"), h) for (fam, label), h in histograms.items()
+                      if fam == latency_metric]
+        for outcome, h in by_outcome:
+            if outcome not in REJECTED_OUTCOMES:
+                latency, source = (h if latency is None else latency.plus(h)), "service"
+        errors = sum(h.count for outcome, h in by_outcome if outcome in ERROR_OUTCOMES)
+        rejected = sum(h.count for outcome, h in by_outcome if outcome in REJECTED_OUTCOMES)
+    if latency is None and EBPF_LATENCY in histograms:
+        latency, source = histograms[EBPF_LATENCY], "ebpf"
+    return Window(service, start, end, slo_p99_s, latency, source, errors, rejected, histograms, counters, gauges)
 
 
 def merged_latency(windows: list[Window]) -> Histogram | BucketHistogram | None:

@@ -1,7 +1,8 @@
 """The baseline store: per-window points of each service's metrics, kept in one
 SQLite file (WAL, synchronous=FULL, so a kill -9 of the writer loses nothing
 committed), keyed by service, metric, environment and deploy id. It summarises
-and compares them; time always comes in as an argument."""
+and compares them; time always comes in as an argument. The file's layout
+version is its `PRAGMA user_version`; opening an older file migrates it."""
 from __future__ import annotations
 
 import math
@@ -12,7 +13,10 @@ from typing import Iterable, NamedTuple
 
 import numpy as np
 
-SCHEMA = """
+SCHEMA_VERSION = 1
+# MIGRATIONS[v] brings a file at version v - 1 to version v (a file from before
+# versions were kept reads 0 and already has version 1's layout).
+MIGRATIONS = {1: """
 CREATE TABLE IF NOT EXISTS series (
     id INTEGER PRIMARY KEY,
     service TEXT NOT NULL, metric TEXT NOT NULL, environment TEXT NOT NULL, deploy_id TEXT NOT NULL,
@@ -20,7 +24,7 @@ CREATE TABLE IF NOT EXISTS series (
 CREATE TABLE IF NOT EXISTS points (
     series_id INTEGER NOT NULL REFERENCES series(id), t REAL NOT NULL, value REAL NOT NULL,
     PRIMARY KEY (series_id, t)) WITHOUT ROWID;
-"""
+"""}
 
 
 class UnknownBaseline(LookupError):
@@ -119,7 +123,7 @@ class BaselineStore:
     """One SQLite file of baseline points. Safe to share between threads; other
     processes (e.g. `slotune baseline`) may read it while the daemon writes."""
 
-    def __init__(self, path: str | Path, create: bool = True):
+    def __init__(self, path: str | Path, create: bool = True, busy_timeout_s: float = 10.0):
         self.path = Path(path)
         if not create and not self.path.is_file():
             raise FileNotFoundError(f"baseline store {self.path} does not exist "
@@ -127,11 +131,12 @@ class BaselineStore:
         try:
             if create:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10)
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
+                                       timeout=busy_timeout_s)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             if create:
-                self._db.executescript(SCHEMA)
+                self._migrate()
             elif not self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'points'").fetchone():
                 raise sqlite3.DatabaseError("it holds no baseline points table")
         except (OSError, sqlite3.Error) as exc:
@@ -139,6 +144,14 @@ class BaselineStore:
                           "(the folder must exist or be creatable and be writable; "
                           "set a writable path with --store or the config's baseline store path)") from exc
         self._lock = threading.Lock()
+
+    def _migrate(self) -> None:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise sqlite3.DatabaseError(f"it was written by a newer slotune (layout version {version}, this one "
+                                        f"knows up to {SCHEMA_VERSION}); upgrade slotune or use another file")
+        for v in range(version + 1, SCHEMA_VERSION + 1):
+            self._db.executescript(f"BEGIN IMMEDIATE; {MIGRATIONS[v]} PRAGMA user_version = {v}; COMMIT;")
 
     def close(self) -> None:
         with self._lock:

@@ -6,7 +6,7 @@ import subprocess
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from daemon.collectors.base import Sample
+from daemon.model.sample import Sample
 from daemon.export.samples import SIGNALS, SampleExporter, register_signals
 from daemon.model.histogram import Histogram
 from daemon.model.service import ServiceSpec

@@ -12,7 +12,7 @@ from typing import Callable
 
 import pynvml
 
-from daemon.collectors.base import Sample
+from daemon.model.sample import Sample
 from daemon.collectors.gpu.device import GpuDevice, GpuReading, log, text
 from daemon.export.samples import register_signals
 from daemon.model.service import ServiceSpec
@@ -122,9 +122,18 @@ class NvmlCollector:
         self._xid_errors: Counter = Counter()
         self._reported: set[str] = set()
 
+    exports_samples = True
+
     @property
     def up(self) -> bool:
         return self._up
+
+    def parts(self) -> dict[str, bool]:
+        return {}
+
+    def metric_families(self):
+        from daemon.collectors.gpu.metrics import GpuMetrics   # it reads this collector
+        return (GpuMetrics(self),)
 
     def start(self, services: list[ServiceSpec]) -> None:
         self.services = list(services)

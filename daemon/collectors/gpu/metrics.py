@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from daemon.collectors.gpu.collector import NvmlCollector
 
 GPU_LABELS = ["gpu", "uuid"]
 
@@ -35,7 +34,7 @@ class GpuMetrics:
     registry.register(GpuMetrics(nvml_collector)). slotune_collector_up{collector="nvml"}
     comes from daemon.export.samples.SampleExporter.set_collector_up, like every collector's."""
 
-    def __init__(self, collector: NvmlCollector):
+    def __init__(self, collector):
         self.collector = collector
 
     def describe(self):
