@@ -3,6 +3,7 @@ with the file, the key and the reason when anything is unknown or out of range.
 `slotune.example.toml` at the repo root documents every key."""
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -10,19 +11,11 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from daemon.collectors.kernel.families import FAMILIES
 from daemon.model.service import ServiceSpec
 
 DEFAULT_PATH = Path("/etc/slotune/slotune.toml")
-# Which settings each tuner's policies change; they need bounds in the config.
-TUNER_SETTINGS = {
-    "throttle": ("concurrency_limit",),
-    "batch": ("max_batch_size", "max_queue_delay_ms"),
-    "sampling": ("trace_sample_rate", "trace_keep_slower_than_s"),
-    "breaker": ("breaker_failure_threshold", "breaker_consecutive_failures", "breaker_open_s"),
-    "drift": (),
-}
-POLICY_SETTINGS = {("throttle", "whitepaper"): ("rate_limit_rps",)}
-PROBE_FAMILIES = ("runqueue", "offcpu", "tcp", "tls", "http")
+PROBE_FAMILIES = tuple(FAMILIES)     # every kernel probe family (daemon/collectors/kernel/families.py)
 ACTUATOR_KINDS = ("reference", "http-json", "file")
 
 
@@ -56,9 +49,7 @@ class TunerConf:
     name: str
     policy: str
     interval_s: float
-    budget_traces_per_s: float = 10.0    # sampling: traces/s to keep
-    slo_failure_rate: float = 0.003      # breaker: a tool's failure-rate objective
-    baseline_days: float = 7.0           # drift: how far back the baseline reaches
+    options: dict[str, float] = field(default_factory=dict)   # its own keys (daemon.control.tuner_specs)
 
 
 @dataclass(frozen=True)
@@ -82,6 +73,7 @@ class Config:
     tune_interval_s: float = 30.0
     exporter_address: str = "127.0.0.1:9477"
     baseline_store: str = "/var/lib/slotune/baselines.sqlite"
+    baseline_retention_days: float = 35.0     # points older than this are pruned (drift reads 7 days)
     audit_log: str = "/var/lib/slotune/audit.jsonl"
     environment: str = "production"
     deploy_id: str = "unknown"
@@ -120,7 +112,7 @@ class _Reader:
     def key(self, name: str) -> str:
         return f"{self.where}.{name}" if self.where else name
 
-    def get(self, name, kind, default=None, lo=None, hi=None, choices=None):
+    def get(self, name, kind, default=None, lo=None, hi=None, choices=None, nonempty=False):
         if name not in self.table:
             return default
         value = self.table.pop(name)
@@ -128,6 +120,10 @@ class _Reader:
             value = float(value)
         if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
             raise ConfigError(self.file, self.key(name), f"must be {kind.__name__}, got {value!r}")
+        if kind is float and not math.isfinite(value):
+            raise ConfigError(self.file, self.key(name), f"must be a finite number, got {value!r}")
+        if kind is str and nonempty and not value.strip():
+            raise ConfigError(self.file, self.key(name), "must not be empty")
         if lo is not None and value < lo or hi is not None and value > hi:
             raise ConfigError(self.file, self.key(name), f"{value!r} is outside {lo}..{hi}")
         if choices is not None and value not in choices:
@@ -171,16 +167,12 @@ def _service(file: Path, name: str, r: _Reader, default_tune_s: float) -> Servic
     if latency_metric and not metrics_url:
         raise ConfigError(file, r.key("latency_metric"), "needs metrics_url to read it from")
     downstream = tuple(r.get("downstream", list, []))
+    for dep in downstream:
+        if not isinstance(dep, str):
+            raise ConfigError(file, r.key("downstream"), f"lists service names (strings), got {dep!r}")
     control = _control(file, r.table_of("control")) if "control" in r.table else None
-    tuners = _tuners(file, r.table_of("tuners"), default_tune_s)
     settings = _settings(file, r.table_of("settings"))
-    for tuner in tuners:
-        if tuner.name != "drift" and control is None:
-            raise ConfigError(file, r.key(f"tuners.{tuner.name}"), "a tuner that pushes settings needs a [control] table")
-        for setting in POLICY_SETTINGS.get((tuner.name, tuner.policy), TUNER_SETTINGS[tuner.name]):
-            if setting not in settings:
-                raise ConfigError(file, r.key(f"settings.{setting}"),
-                                  f"missing: tuner {tuner.name} changes it, so it needs min, max and max_step")
+    tuners = _tuners(file, r, default_tune_s, control, settings)
     r.done()
     return ServiceConf(spec, latency_metric, downstream, control, tuners, settings)
 
@@ -212,29 +204,39 @@ def _control(file, r: _Reader) -> Control:
     return control
 
 
-def _tuners(file, r: _Reader, default_tune_s: float) -> tuple[TunerConf, ...]:
-    out = []
+def _tuners(file, svc: _Reader, default_tune_s: float, control: Control | None,
+            settings: dict[str, Bounds]) -> tuple[TunerConf, ...]:
+    """The service's [tuners.NAME] tables, each read by its tuner's spec. A tuner that
+    pushes needs the [control] table, and bounds for every setting it pushes."""
+    from daemon.control.tuner_specs import SPECS   # here: the specs import the control code, which imports this
+    r, out = svc.table_of("tuners"), []
     for name in list(r.table):
-        if name not in TUNER_SETTINGS:
-            raise ConfigError(file, r.key(name), f"unknown tuner; one of {', '.join(TUNER_SETTINGS)}")
-        t = r.table_of(name)
-        policy = t.get("policy", str, "slotune")
-        _check_policy(file, t.key("policy"), name, policy)
-        out.append(TunerConf(
-            name, policy, t.get("interval_s", float, default_tune_s, lo=0.5, hi=86400.0),
-            budget_traces_per_s=t.get("budget_traces_per_s", float, 10.0, lo=0.001, hi=1e6) if name == "sampling" else 10.0,
-            slo_failure_rate=t.get("slo_failure_rate", float, 0.003, lo=0.0, hi=1.0) if name == "breaker" else 0.003,
-            baseline_days=t.get("baseline_days", float, 7.0, lo=0.001, hi=365.0) if name == "drift" else 7.0))
-        t.done()
+        if name not in SPECS:
+            raise ConfigError(file, r.key(name), f"unknown tuner; one of {', '.join(SPECS)}")
+        t, spec = r.table_of(name), SPECS[name]
+        tuner = _tuner(file, t, spec, default_tune_s)
+        if spec.alert is None and control is None:
+            raise ConfigError(file, t.where, "a tuner that pushes settings needs a [control] table")
+        for setting in spec.pushes(tuner.policy):
+            if setting not in settings:
+                raise ConfigError(file, svc.key(f"settings.{setting}"),
+                                  f"missing: tuner {name} changes it, so it needs min, max and max_step")
+        out.append(tuner)
     return tuple(out)
 
 
-def _check_policy(file, key, tuner, policy):
-    import tuners
+def _tuner(file, t: _Reader, spec, default_tune_s: float) -> TunerConf:
+    policy = t.get("policy", str, "slotune")
     try:
-        tuners.policy(tuner, policy)
+        spec.policy(policy)
     except ValueError as exc:
-        raise ConfigError(file, key, str(exc)) from None
+        raise ConfigError(file, t.key("policy"), str(exc)) from None
+    interval_s = t.get("interval_s", float, default_tune_s, lo=0.5, hi=86400.0)
+    options = {o.name: t.get(o.name, o.kind, o.default, lo=o.low, hi=o.high) for o in spec.options}
+    if t.table:
+        keys = ", ".join(["policy", "interval_s", *(f"{o.name} ({o.help})" for o in spec.options)])
+        raise ConfigError(file, t.key(sorted(t.table)[0]), f"unknown key; tuner {spec.name} takes {keys}")
+    return TunerConf(spec.name, policy, interval_s, options)
 
 
 def _settings(file, r: _Reader) -> dict[str, Bounds]:
@@ -257,9 +259,15 @@ def _settings(file, r: _Reader) -> dict[str, Bounds]:
 def load(path: str | Path = DEFAULT_PATH) -> Config:
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(path, "-", "file not found; copy slotune.example.toml there or pass --config") from None
+    except IsADirectoryError:
+        raise ConfigError(path, "-", "is a folder, not a file; pass the TOML file's path") from None
+    except OSError as exc:
+        raise ConfigError(path, "-", f"cannot read it ({exc.strerror}); check its permissions") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, "-", f"not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(path, "-", f"not valid TOML: {exc}") from None
     top = _Reader(path, "", raw)
@@ -277,9 +285,10 @@ def load(path: str | Path = DEFAULT_PATH) -> Config:
         collect_interval_s=d.get("collect_interval_s", float, 1.0, lo=0.1, hi=60.0),
         tune_interval_s=tune_s,
         exporter_address=exporter,
-        baseline_store=d.get("baseline_store", str, Config.baseline_store),
+        baseline_store=d.get("baseline_store", str, Config.baseline_store, nonempty=True),
+        baseline_retention_days=d.get("baseline_retention_days", float, 35.0, lo=1.0, hi=3650.0),
         audit_log=d.get("audit_log", str, Config.audit_log),
-        environment=d.get("environment", str, "production"),
+        environment=d.get("environment", str, "production", nonempty=True),
         deploy_id=d.get("deploy_id", str, "") or os.environ.get("SLOTUNE_DEPLOY_ID", "unknown"),
         dry_run=d.get("dry_run", bool, False),
         prometheus_url=d.get("prometheus_url", str, ""),

@@ -31,6 +31,7 @@ def run(args) -> int:
     from daemon.process import Daemon
     try:
         daemon = Daemon(cfg, dry_run=args.dry_run)
+        daemon.handle_signals()
         daemon.start()
     except OSError as exc:
         print(f"slotune: cannot start: {exc}", file=sys.stderr)
