@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from daemon.collectors.base import Sample
+from daemon.model.sample import Sample
 from daemon.model.histogram import EXPORT_BOUNDS_S, Histogram
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ import ctypes
 import logging
 import os
 
-from daemon.collectors.base import Sample
+from daemon.model.sample import Sample
 from daemon.collectors.kernel.http import Http
 from daemon.collectors.kernel.offcpu import OffCpu
 from daemon.collectors.kernel.program import HINT_SLOTS, SIGNAL_NAMES, U32, Family, Program, items
@@ -49,10 +49,18 @@ class KernelCollector:
     def up(self) -> bool:
         return self.program is not None
 
+    exports_samples = True
+
     @property
     def attached(self) -> dict[str, bool]:
         """probe -> attached, for slotune_probe_attached."""
         return dict(self.program.attached) if self.program else {}
+
+    def parts(self) -> dict[str, bool]:
+        return self.attached
+
+    def metric_families(self):
+        return ()
 
     def start(self, services: list[ServiceSpec]) -> None:
         self.targeting = Targeting(services)   # bad declarations raise here, with the fix
