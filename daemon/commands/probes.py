@@ -1,16 +1,21 @@
-"""`slotune probes`: print the exact BPF program slotune loads, or watch
-services live through the kernel probes (a table per interval)."""
+"""`slotune probes`: list the kernel probe families, print the exact BPF program
+slotune loads, or watch services live through the probes (a table per interval)."""
 from __future__ import annotations
 
 import signal
 import sys
+import textwrap
 import time
 
+from daemon.collectors.kernel.collector import KernelCollector
+from daemon.collectors.kernel.families import FAMILIES, make_families
+from daemon.collectors.kernel.program import program_text
 from daemon.model.service import ServiceSpec
 
 NAME = "probes"
-HELP = "print the BPF programs slotune loads, or watch services through the kernel probes"
-EXAMPLES = """  slotune probes --print                               the exact C text handed to BCC
+HELP = "list the kernel probes, print the BPF program slotune loads, or watch services through it"
+EXAMPLES = """  slotune probes --list                                each family: where it attaches, what it exports
+  slotune probes --print                               the exact C text handed to BCC
   slotune probes --print --family tcp                  only one probe family
   slotune probes --watch --service web='http.server' --service db=redis-server
   slotune probes --watch --service api=port:8000 --interval 2 --count 5
@@ -19,10 +24,11 @@ EXAMPLES = """  slotune probes --print                               the exact C
 
 def add_arguments(parser) -> None:
     mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--list", action="store_true", help="list the probe families and their metrics, and exit")
     mode.add_argument("--print", action="store_true", help="print the program text and exit")
     mode.add_argument("--watch", action="store_true", help="load the probes and print per-service figures")
     parser.add_argument("--family", action="append", metavar="NAME",
-                        help="probe family to include (repeatable): runqueue, offcpu, tcp, tls, http; default all")
+                        help=f"probe family to include (repeatable): {', '.join(FAMILIES)}; default all")
     parser.add_argument("--service", action="append", default=[], metavar="NAME=MATCH",
                         help="a service to watch: NAME=REGEX over the command line, NAME=port:N, "
                              "NAME=unit:UNIT or NAME=cgroup:PATH (repeatable)")
@@ -44,6 +50,19 @@ def parse_service(text: str) -> ServiceSpec:
     if colon and kind == "cgroup":
         return ServiceSpec(name, cgroup=value)
     return ServiceSpec(name, cmdline=match)
+
+
+def listing(families) -> str:
+    """Each family: its C file, where it attaches, and the metrics it exports."""
+    lines = []
+    for family in families:
+        lines.append(f"{family.name}  (bpf/{family.source}.bpf.c)")
+        lines += textwrap.wrap(f"attaches to {', '.join(family.attach_points())}", 100,
+                               initial_indent="  ", subsequent_indent="    ")
+        for s in family.signals:
+            labels = ",".join(["service"] + ([s.label] if s.label else []))
+            lines.append(f"  {s.metric}{{{labels}}}  {s.kind}: {s.help}")
+    return "\n".join(lines)
 
 
 def table(samples) -> str:
@@ -69,18 +88,18 @@ def fmt(seconds: float) -> str:
 
 
 def run(args) -> int:
-    from daemon.collectors.kernel import make_families
-    from daemon.collectors.kernel.program import program_text
     try:
         families = make_families(args.family)
     except ValueError as exc:
         raise SystemExit(f"--family: {exc}")
+    if args.list:
+        print(listing(families))
+        return 0
     if args.print:
         print(program_text(families))
         return 0
     if not args.service:
         raise SystemExit("--watch needs at least one --service NAME=MATCH")
-    from daemon.collectors.kernel import KernelCollector
     services = [parse_service(s) for s in args.service]
     collector = KernelCollector(args.family)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))   # detach through close() below

@@ -1,8 +1,9 @@
 """Prometheus export of collector Samples: a prometheus_client custom collector
 that adds every Sample's deltas into cumulative families at observe() time and
 builds real histograms (_bucket/_sum/_count on EXPORT_BOUNDS_S), counters and
-gauges at scrape time. Which signal becomes which metric is the SIGNALS table;
-other collectors extend it with register_signals()."""
+gauges at scrape time. Which signal becomes which metric is the SIGNALS table:
+the signals each kernel probe family declares, and the rows other collectors
+add with register_signals()."""
 from __future__ import annotations
 
 import logging
@@ -12,6 +13,7 @@ from typing import NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from daemon.collectors.kernel.families import FAMILIES
 from daemon.model.sample import Sample
 from daemon.model.histogram import EXPORT_BOUNDS_S, Histogram
 
@@ -46,29 +48,8 @@ def register_signals(table: dict[str, Signal | tuple]) -> None:
         SIGNALS[signal] = row
 
 
-register_signals({
-    "runqueue_wait": ("slotune_runqueue_wait_seconds", None, "histogram",
-                      "Time the service's tasks waited runnable for a CPU"),
-    "offcpu": ("slotune_offcpu_seconds", "syscall", "histogram",
-               "Time the service's tasks spent inside syscalls, by syscall class"),
-    "tcp_rtt": ("slotune_tcp_rtt_seconds", "peer", "histogram",
-                "Smoothed TCP round-trip time of the service's connections, per received segment"),
-    "tcp_connect": ("slotune_tcp_connect_seconds", "peer", "histogram",
-                    "TCP connect time (SYN_SENT to ESTABLISHED) of the service's outgoing connections"),
-    "tcp_retransmits": ("slotune_tcp_retransmits_total", "peer", "counter",
-                        "TCP segments the service's connections retransmitted"),
-    "tcp_opened": ("slotune_tcp_connections_opened_total", "peer", "counter",
-                   "TCP connections the service established (outgoing and accepted)"),
-    "tcp_closed": ("slotune_tcp_connections_closed_total", "peer", "counter",
-                   "Established TCP connections of the service that closed"),
-    "tls_handshake": ("slotune_tls_handshake_seconds", None, "histogram",
-                      "TLS handshake latency in the service's libssl (SSL_do_handshake)"),
-    "tls_bytes": ("slotune_tls_bytes_total", "direction", "counter",
-                  "Plaintext bytes the service read or wrote through libssl"),
-    "tls_calls": ("slotune_tls_calls_total", "direction", "counter",
-                  "Successful SSL_read/SSL_write calls (and _ex forms) of the service"),
-    "http_request": ("slotune_http_request_duration_seconds", None, "histogram",
-                     "HTTP/1.x request latency seen from the kernel: first read to response write"),
+register_signals({s.name: (s.metric, s.label, s.kind, s.help) for f in FAMILIES.values() for s in f.signals})
+register_signals({     # the kernel collector's own, beside its families'
     "processes": ("slotune_service_processes", None, "gauge",
                   "Processes currently found for the service"),
 })

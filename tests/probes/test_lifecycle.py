@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from daemon.collectors.kernel.program import Attachment
+from daemon.collectors.kernel.family import Attachment
 from daemon.model.service import ServiceSpec
 from tests.conftest import ROOT
 from tests.probes.conftest import collected

@@ -5,6 +5,7 @@ import threading
 import urllib.request
 
 from bpf import header, source
+from daemon.collectors.kernel.families import FAMILIES
 from tests.conftest import run_slotune
 
 
@@ -16,6 +17,16 @@ def test_print_shows_every_family_after_the_defines():
     for name in ("targeting", "runqueue", "offcpu", "tcp", "tls", "http"):
         assert source(name).strip() in text, name
     assert "#define OFFCPU_FUTEX 3" in text and "#define TLS_WRITE 1" in text
+
+
+def test_list_shows_each_family_where_it_attaches_and_its_metrics():
+    text = run_slotune("probes", "--list").stdout
+    for family in FAMILIES.values():
+        assert f"{family.name}  (bpf/{family.source}.bpf.c)" in text
+        assert all(s.metric in text for s in family.signals), family.name
+    assert "attaches to sched:sched_wakeup, sched:sched_wakeup_new, sched:sched_switch\n" in text
+    assert "slotune_offcpu_seconds{service,syscall}  histogram: " in text
+    assert "uprobe:libssl:SSL_read," in text
 
 
 def test_print_one_family():

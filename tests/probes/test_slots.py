@@ -4,7 +4,8 @@ argument (raw_syscalls:sys_enter sees args[0] of getppid, which ignores it)."""
 import ctypes
 import os
 
-from daemon.collectors.kernel.program import items, program_text
+from daemon.collectors.kernel.maps import items
+from daemon.collectors.kernel.program import program_text
 from daemon.model.histogram import SLOTS, slot_of
 
 PROBE = """

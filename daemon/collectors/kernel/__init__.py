@@ -1,3 +1,4 @@
 """Kernel probes (bpf/*.bpf.c) as a collector: one small class per probe family,
-one BPF object for all of them, per-service Samples each interval."""
-from daemon.collectors.kernel.collector import FAMILIES, KernelCollector, make_families  # noqa: F401
+listed in families.py, one BPF object for all of them, per-service Samples each interval."""
+from daemon.collectors.kernel.collector import KernelCollector  # noqa: F401
+from daemon.collectors.kernel.families import FAMILIES, make_families  # noqa: F401

@@ -8,27 +8,14 @@ import logging
 import os
 
 from daemon.model.sample import Sample
-from daemon.collectors.kernel.http import Http
-from daemon.collectors.kernel.offcpu import OffCpu
-from daemon.collectors.kernel.program import HINT_SLOTS, SIGNAL_NAMES, U32, Family, Program, items
-from daemon.collectors.kernel.runqueue import RunQueue
-from daemon.collectors.kernel.tcp import Tcp
-from daemon.collectors.kernel.tls import Tls
+from daemon.collectors.kernel.families import SIGNAL_NAMES, make_families
+from daemon.collectors.kernel.maps import U32, items
+from daemon.collectors.kernel.program import HINT_SLOTS, Program
 from daemon.model.histogram import Histogram
 from daemon.model.service import ServiceSpec
 from daemon.collectors.kernel.targeting import ServiceProcesses, Targeting
 
 log = logging.getLogger(__name__)
-
-FAMILIES = {f.name: f for f in (RunQueue, OffCpu, Tcp, Tls, Http)}
-
-
-def make_families(names: list[str] | None = None) -> list[Family]:
-    names = list(FAMILIES) if names is None else names
-    unknown = [n for n in names if n not in FAMILIES]
-    if unknown:
-        raise ValueError(f"unknown probe family {', '.join(unknown)}; known: {', '.join(FAMILIES)}")
-    return [FAMILIES[n]() for n in names]
 
 
 class KernelCollector:
@@ -37,6 +24,7 @@ class KernelCollector:
 
     def __init__(self, families: list[str] | None = None):
         self.families = make_families(families)
+        self.family_of = {s.name: f for f in self.families for s in f.signals}   # signal -> family
         self.program: Program | None = None
         self.targeting: Targeting | None = None
         self.targets: dict[str, ServiceProcesses] = {}
@@ -161,7 +149,7 @@ class KernelCollector:
 
     def key(self, signal_id: int, label_id: int) -> tuple[str, str]:
         signal = SIGNAL_NAMES[signal_id]
-        family = next((f for f in self.families if signal in f.signals), None)
+        family = self.family_of.get(signal)
         return signal, family.label(signal, label_id) if family else ""
 
     def close(self) -> None:

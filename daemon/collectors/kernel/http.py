@@ -1,5 +1,5 @@
 """HTTP/1.x request latency per service from accept/read/write/close (bpf/http.bpf.c)."""
-from daemon.collectors.kernel.program import Family
+from daemon.collectors.kernel.family import Family, Signal
 
 _CALLS = (("exit", "accept"), ("exit", "accept4"),
           ("enter", "read"), ("enter", "readv"), ("enter", "recvfrom"), ("enter", "recvmsg"),
@@ -10,6 +10,7 @@ _CALLS = (("exit", "accept"), ("exit", "accept4"),
 
 class Http(Family):
     name = source = "http"
-    signals = ("http_request",)
+    signals = (Signal("http_request", "slotune_http_request_duration_seconds", None, "histogram",
+                      "HTTP/1.x request latency seen from the kernel: first read to response write"),)
     tracepoints = tuple((f"syscalls:sys_{when}_{call}", f"on_{call}_{when}") for when, call in _CALLS) + (
         ("syscalls:sys_enter_sendfile64", "on_sendfile_enter"),)

@@ -1,5 +1,5 @@
 """Blocking time per service and syscall class (bpf/offcpu.bpf.c)."""
-from daemon.collectors.kernel.program import Family
+from daemon.collectors.kernel.family import Family, Signal
 
 # Label ids shared with the C side as OFFCPU_<NAME>; the order is the id.
 SYSCALL_CLASSES = ("other", "net", "poll", "futex", "connect", "sleep", "io")
@@ -7,7 +7,8 @@ SYSCALL_CLASSES = ("other", "net", "poll", "futex", "connect", "sleep", "io")
 
 class OffCpu(Family):
     name = source = "offcpu"
-    signals = ("offcpu",)
+    signals = (Signal("offcpu", "slotune_offcpu_seconds", "syscall", "histogram",
+                      "Time the service's tasks spent inside syscalls, by syscall class"),)
     tracepoints = (("raw_syscalls:sys_enter", "on_sys_enter"),
                    ("raw_syscalls:sys_exit", "on_sys_exit"))
     defines = {f"OFFCPU_{c.upper()}": i for i, c in enumerate(SYSCALL_CLASSES)}

@@ -5,58 +5,19 @@ the rest go on) and reads the shared aggregation maps as cumulative values."""
 from __future__ import annotations
 
 import atexit
-import ctypes
 import logging
-from dataclasses import dataclass
 
 import numpy as np
 
 import bpf as bpf_sources
+from daemon.collectors.kernel.families import SIGNAL_IDS
+from daemon.collectors.kernel.family import Attachment, Family
+from daemon.collectors.kernel.maps import items
 from daemon.model.histogram import SLOTS
 
 log = logging.getLogger(__name__)
 
-# Signal ids shared with the C side (SIG_<NAME> defines); names are the Sample keys.
-SIGNAL_IDS = {
-    "runqueue_wait": 1, "offcpu": 2,
-    "tcp_rtt": 3, "tcp_connect": 4, "tcp_retransmits": 5, "tcp_opened": 6, "tcp_closed": 7,
-    "tls_handshake": 8, "tls_bytes": 9, "tls_calls": 10,
-    "http_request": 11,
-}
-SIGNAL_NAMES = {v: k for k, v in SIGNAL_IDS.items()}
 HINT_SLOTS = 65536          # bpf/common.h: watched_hint slots, tid % HINT_SLOTS
-
-
-@dataclass(frozen=True)
-class Attachment:
-    """One attach point: a tracepoint ("sched:sched_switch") or a uprobe on a library."""
-    kind: str            # "tracepoint", "uprobe", "uretprobe"
-    target: str          # tracepoint name, or library path for uprobes
-    fn: str              # BPF function name
-    symbol: str = ""     # uprobe symbol
-
-    @property
-    def probe(self) -> str:
-        """The name users see in slotune_probe_attached{probe}."""
-        if self.kind == "tracepoint":
-            return self.target
-        return f"{self.kind}:{self.target}:{self.symbol}"
-
-
-class Family:
-    """A probe family: one bpf/<source>.bpf.c plus what it attaches and how labels read."""
-    name = ""
-    source = ""
-    signals: tuple[str, ...] = ()                     # Sample signal names it produces
-    tracepoints: tuple[tuple[str, str], ...] = ()     # (tracepoint, fn)
-    defines: dict[str, int] = {}
-
-    def label(self, signal: str, label_id: int) -> str:
-        return ""
-
-    def refresh(self, program: "Program", targets: dict, service_ids: dict[str, int]) -> None:
-        """Called each interval with {service: ServiceProcesses} and {service: id}."""
-
 
 TARGETING_TRACEPOINTS = (("sched:sched_process_fork", "on_process_fork"),
                          ("sched:sched_process_exit", "on_process_exit"))
@@ -139,33 +100,3 @@ class Program:
 
     def close(self) -> None:
         self.bpf.cleanup()
-
-
-def items(table) -> list:
-    """All entries of a hash map, in one batch call when the kernel allows it;
-    plain integers come back as int, structs as their ctypes value."""
-    try:
-        pairs = list(table.items_lookup_batch())
-    except Exception:
-        pairs = list(table.items())
-    return [(_plain(k), _plain(v)) for k, v in pairs]
-
-
-def _plain(value):
-    return value.value if isinstance(value, ctypes._SimpleCData) else value
-
-
-def set_entries(table, keytype, valtype, wanted: dict[int, int]) -> None:
-    """Make a u32/u16 -> u32/u16 map hold exactly `wanted` (only writes the differences)."""
-    present = dict(items(table))
-    for key, value in wanted.items():
-        if present.get(key) != value:
-            table[keytype(key)] = valtype(value)
-    for key in present.keys() - wanted.keys():
-        try:
-            del table[keytype(key)]
-        except KeyError:
-            pass
-
-
-U32, U16 = ctypes.c_uint32, ctypes.c_uint16

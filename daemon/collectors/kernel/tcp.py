@@ -1,14 +1,24 @@
 """TCP RTT, retransmits, connect time and churn per service and peer (bpf/tcp.bpf.c).
 Each interval it tells the kernel side which local ports the services listen on
 and which remote ports name which peer."""
-from daemon.collectors.kernel.program import U16, U32, Family, items, set_entries
+from daemon.collectors.kernel.family import Family, Signal
+from daemon.collectors.kernel.maps import U16, U32, items, set_entries
 
 OTHER = "other"
 
 
 class Tcp(Family):
     name = source = "tcp"
-    signals = ("tcp_rtt", "tcp_connect", "tcp_retransmits", "tcp_opened", "tcp_closed")
+    signals = (Signal("tcp_rtt", "slotune_tcp_rtt_seconds", "peer", "histogram",
+                      "Smoothed TCP round-trip time of the service's connections, per received segment"),
+               Signal("tcp_connect", "slotune_tcp_connect_seconds", "peer", "histogram",
+                      "TCP connect time (SYN_SENT to ESTABLISHED) of the service's outgoing connections"),
+               Signal("tcp_retransmits", "slotune_tcp_retransmits_total", "peer", "counter",
+                      "TCP segments the service's connections retransmitted"),
+               Signal("tcp_opened", "slotune_tcp_connections_opened_total", "peer", "counter",
+                      "TCP connections the service established (outgoing and accepted)"),
+               Signal("tcp_closed", "slotune_tcp_connections_closed_total", "peer", "counter",
+                      "Established TCP connections of the service that closed"))
     tracepoints = (("tcp:tcp_probe", "on_tcp_probe"),
                    ("tcp:tcp_retransmit_skb", "on_tcp_retransmit"),
                    ("sock:inet_sock_set_state", "on_tcp_state"))

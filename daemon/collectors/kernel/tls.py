@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from daemon.collectors.kernel.program import Attachment, Family
+from daemon.collectors.kernel.family import Attachment, Family, Signal
 
 DIRECTIONS = ("read", "write")           # TLS_READ = 0, TLS_WRITE = 1
 ENTRY = {"SSL_do_handshake": "on_ssl_handshake", "SSL_read": "on_ssl_read",
@@ -33,12 +33,21 @@ def libssl_paths(pid: int) -> set[str]:
 
 class Tls(Family):
     name = source = "tls"
-    signals = ("tls_handshake", "tls_bytes", "tls_calls")
+    signals = (Signal("tls_handshake", "slotune_tls_handshake_seconds", None, "histogram",
+                      "TLS handshake latency in the service's libssl (SSL_do_handshake)"),
+               Signal("tls_bytes", "slotune_tls_bytes_total", "direction", "counter",
+                      "Plaintext bytes the service read or wrote through libssl"),
+               Signal("tls_calls", "slotune_tls_calls_total", "direction", "counter",
+                      "Successful SSL_read/SSL_write calls (and _ex forms) of the service"))
     defines = {f"TLS_{d.upper()}": i for i, d in enumerate(DIRECTIONS)}
 
     def __init__(self):
         self.libraries: dict[tuple[int, int], str] = {}   # (dev, inode) -> path probed
         self.with_libssl: set[int] = set()                # processes whose libssl is probed
+
+    @classmethod
+    def attach_points(cls) -> list[str]:
+        return [f"{kind}:libssl:{symbol}" for symbol in ENTRY for kind in ("uprobe", "uretprobe")]
 
     def label(self, signal: str, label_id: int) -> str:
         if signal == "tls_handshake":

@@ -1,0 +1,26 @@
+"""Every probe family slotune has, in the order their programs are built and
+their signals numbered. Adding one is its module beside this file, its
+bpf/<name>.bpf.c, and one entry in FAMILIES."""
+from __future__ import annotations
+
+from daemon.collectors.kernel.family import Family
+from daemon.collectors.kernel.http import Http
+from daemon.collectors.kernel.offcpu import OffCpu
+from daemon.collectors.kernel.runqueue import RunQueue
+from daemon.collectors.kernel.tcp import Tcp
+from daemon.collectors.kernel.tls import Tls
+
+FAMILIES: dict[str, type[Family]] = {f.name: f for f in (RunQueue, OffCpu, Tcp, Tls, Http)}
+
+# Signal ids shared with the C side as SIG_<NAME>, numbered from 1 in FAMILIES
+# order; both sides are built together, so an id never outlives one program.
+SIGNAL_IDS = {s.name: i for i, s in enumerate((s for f in FAMILIES.values() for s in f.signals), start=1)}
+SIGNAL_NAMES = {i: name for name, i in SIGNAL_IDS.items()}
+
+
+def make_families(names: list[str] | None = None) -> list[Family]:
+    names = list(FAMILIES) if names is None else names
+    unknown = [n for n in names if n not in FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown probe family {', '.join(unknown)}; known: {', '.join(FAMILIES)}")
+    return [FAMILIES[n]() for n in names]

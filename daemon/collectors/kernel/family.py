@@ -1,0 +1,52 @@
+"""What a probe family declares: its name in the config, its bpf/<source>.bpf.c,
+the signals it produces with the metric each becomes, and where it attaches.
+Each family module subclasses Family once; families.py lists them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+class Signal(NamedTuple):
+    """A Sample signal a family produces and the metric the exporter makes of it."""
+    name: str            # Sample key, e.g. "tcp_rtt"; its id is SIG_TCP_RTT on the C side
+    metric: str          # full metric name, e.g. slotune_tcp_rtt_seconds
+    label: str | None    # name of the label the Sample key's label goes into, or None
+    kind: str            # "histogram", "counter" or "gauge"
+    help: str
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """One attach point: a tracepoint ("sched:sched_switch") or a uprobe on a library."""
+    kind: str            # "tracepoint", "uprobe", "uretprobe"
+    target: str          # tracepoint name, or library path for uprobes
+    fn: str              # BPF function name
+    symbol: str = ""     # uprobe symbol
+
+    @property
+    def probe(self) -> str:
+        """The name users see in slotune_probe_attached{probe}."""
+        if self.kind == "tracepoint":
+            return self.target
+        return f"{self.kind}:{self.target}:{self.symbol}"
+
+
+class Family:
+    """A probe family: one bpf/<source>.bpf.c plus what it attaches and how labels read."""
+    name = ""                                         # in daemon.probes and `slotune probes --family`
+    source = ""                                       # bpf/<source>.bpf.c
+    signals: tuple[Signal, ...] = ()
+    tracepoints: tuple[tuple[str, str], ...] = ()     # (tracepoint, fn)
+    defines: dict[str, int] = {}                      # label ids and the like, as C #defines
+
+    @classmethod
+    def attach_points(cls) -> list[str]:
+        """Where it attaches, as `slotune probes --list` shows it."""
+        return [tp for tp, _ in cls.tracepoints]
+
+    def label(self, signal: str, label_id: int) -> str:
+        return ""
+
+    def refresh(self, program, targets: dict, service_ids: dict[str, int]) -> None:
+        """Called each interval with the Program, {service: ServiceProcesses} and {service: id}."""
