@@ -1,7 +1,7 @@
 /* Keeps the watched-task map current between user-space rescans: a task forked
  * (process or thread) by a watched task joins its service; an exiting task leaves. (Hint slots are
  * cleared by user space, which knows which tids still share them.)
- * User space (daemon/targeting.py) seeds the map with the threads of every
+ * User space (daemon/collectors/kernel/targeting.py) seeds the map with the threads of every
  * matched process and adds new matches each interval. */
 
 int on_process_fork(struct tracepoint__sched__sched_process_fork *args)

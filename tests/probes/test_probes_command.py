@@ -6,6 +6,8 @@ import urllib.request
 
 from bpf import header, source
 from daemon.collectors.kernel.families import FAMILIES
+from daemon.collectors.kernel.program import HINT_SLOTS
+from daemon.model.histogram import SLOTS, SUB_BITS
 from tests.conftest import run_slotune
 
 
@@ -17,6 +19,14 @@ def test_print_shows_every_family_after_the_defines():
     for name in ("targeting", "runqueue", "offcpu", "tcp", "tls", "http"):
         assert source(name).strip() in text, name
     assert "#define OFFCPU_FUTEX 3" in text and "#define TLS_WRITE 1" in text
+
+
+def test_print_generates_the_constants_common_h_shares():
+    text = run_slotune("probes", "--print").stdout
+    generated = text[:text.index("/* ---- bpf/common.h")]
+    for define in (f"SUB_BITS {SUB_BITS}", f"SLOTS {SLOTS}", f"HINT_SLOTS {HINT_SLOTS}"):
+        assert f"#define {define}\n" in generated
+        assert f"#define {define.split()[0]} " not in header("common")
 
 
 def test_list_shows_each_family_where_it_attaches_and_its_metrics():
