@@ -3,6 +3,7 @@ their signals numbered. Adding one is its module beside this file, its
 bpf/<name>.bpf.c, and one entry in FAMILIES."""
 from __future__ import annotations
 
+from daemon.collectors.kernel.exec import Exec
 from daemon.collectors.kernel.family import Family
 from daemon.collectors.kernel.http import Http
 from daemon.collectors.kernel.offcpu import OffCpu
@@ -10,7 +11,7 @@ from daemon.collectors.kernel.runqueue import RunQueue
 from daemon.collectors.kernel.tcp import Tcp
 from daemon.collectors.kernel.tls import Tls
 
-FAMILIES: dict[str, type[Family]] = {f.name: f for f in (RunQueue, OffCpu, Tcp, Tls, Http)}
+FAMILIES: dict[str, type[Family]] = {f.name: f for f in (RunQueue, OffCpu, Tcp, Tls, Http, Exec)}
 
 # Signal ids shared with the C side as SIG_<NAME>, numbered from 1 in FAMILIES
 # order; both sides are built together, so an id never outlives one program.
