@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from daemon import config
 from daemon.control.actuators.file import FileActuator
 from daemon.control.actuators.http_json import HttpJsonActuator
 from daemon.control.audit import AuditLog, Outcome
@@ -133,3 +134,66 @@ def test_the_audit_log_keeps_the_outcome_words_its_readers_match_and_the_detail_
     assert [(l["outcome"], l["detail"]) for l in lines] == [
         ("pushed", ""), ("rolled back", ""), ("held", "rolled back recently")]
     assert [Outcome(l["outcome"]).label for l in lines] == ["pushed", "rolled_back", "held"]
+
+
+BUDGET_TOML = """
+[services.gateway]
+cmdline = "reference_stack gateway"
+slo_p99_ms = 800
+[services.gateway.control]
+kind = "file"
+path = "{path}"
+[services.gateway.tuners.budget]
+policy = "{policy}"
+interval_s = 10
+gateway_slo_ms = 100
+tool_slo_ms = 300
+llm_slo_ms = 400
+[services.gateway.settings.tool_timeout_ms]
+min = 10
+max = 60000
+max_step = 60000
+[services.gateway.settings.llm_timeout_ms]
+min = 10
+max = 60000
+max_step = 60000
+"""
+
+
+def budget_loop(tmp_path, policy):
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"tool_timeout_ms": 2000.0, "llm_timeout_ms": 30000.0}))
+    (tmp_path / "slotune.toml").write_text(BUDGET_TOML.format(path=path, policy=policy))
+    cfg = config.load(tmp_path / "slotune.toml")
+    return ControlLoop(cfg, {"gateway": FileActuator(str(path))}, AuditLog(None), False), cfg, path
+
+
+def gateway_window(t, rng):
+    """A second of 50 queries timed by stage: gate, cache, tools (~100 ms) and llm (~300 ms)."""
+    w = Window("gateway", t - 1, t, 0.8)
+    for stage, median_ms, sigma in (("gate", 2, 0.2), ("cache", 3, 0.2), ("tools", 100, 0.4), ("llm", 300, 0.2)):
+        values = rng.lognormal(np.log(median_ms * 1e6), sigma, 50)
+        w.histograms[("gateway_stage_duration_seconds", f"stage={stage}")] = Histogram.from_values(values)
+    return w
+
+
+def test_the_config_takes_the_budget_tuner_and_the_loop_pushes_the_split_slo_as_timeouts(tmp_path):
+    control, cfg, path = budget_loop(tmp_path, "whitepaper")
+    assert cfg.service("gateway").tuners[0].options == {"gateway_slo_ms": 100.0, "tool_slo_ms": 300.0,
+                                                        "llm_slo_ms": 400.0}
+    entries = control.tick(10.0, {"gateway": [gateway_window(10.0, np.random.default_rng(1))]})
+    assert {e.setting: (e.outcome, e.new) for e in entries} == {
+        "tool_timeout_ms": (Outcome.PUSHED, pytest.approx(300.0)),    # 300 / (100 + 300 + 400) of 800 ms
+        "llm_timeout_ms": (Outcome.PUSHED, pytest.approx(400.0))}
+    assert json.loads(path.read_text()) == {"tool_timeout_ms": pytest.approx(300.0),
+                                            "llm_timeout_ms": pytest.approx(400.0)}
+
+
+def test_slotune_budgets_follow_the_measured_hops_and_leave_the_gateway_its_share(tmp_path):
+    control, _, path = budget_loop(tmp_path, "slotune")
+    rng = np.random.default_rng(2)
+    control.tick(10.0, {"gateway": [gateway_window(t, rng) for t in range(1, 11)]})
+    pushed = json.loads(path.read_text())
+    p99_ms = {"tools": 100 * np.exp(0.4 * 2.326), "llm": 300 * np.exp(0.2 * 2.326)}   # 253 and 477
+    assert pushed["tool_timeout_ms"] > p99_ms["tools"] and pushed["llm_timeout_ms"] > p99_ms["llm"]
+    assert pushed["tool_timeout_ms"] + pushed["llm_timeout_ms"] < 800 - 5      # the gateway's own time kept

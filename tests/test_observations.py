@@ -1,11 +1,16 @@
 """What the daemon hands the batch tuner: the batches each window ran, one group
-per window, so the tuner can fit batch time against size and see its scatter."""
+per window, so the tuner can fit batch time against size and see its scatter;
+and what it hands the budget tuner: each hop's P50 and P99 from the stage timings."""
 import math
 
 import numpy as np
+import pytest
 
-from daemon.model.histogram import BucketHistogram
-from daemon.control.observations import batches_run
+from daemon.config import ServiceConf
+from daemon.control.observations import Inputs, batches_run, for_budget
+from daemon.control.tuner_specs import SPECS
+from daemon.model.histogram import BucketHistogram, Histogram
+from daemon.model.service import ServiceSpec
 from daemon.model.window import Window
 
 
@@ -28,3 +33,39 @@ def window(t, sizes, compute_s) -> Window:
 def test_each_window_with_batches_is_one_group_of_its_mean_size_count_and_mean_time():
     ws = [window(0, [8, 8, 16], [0.03, 0.03, 0.06]), window(1, [], []), window(2, [2, 4], [0.01, 0.02])]
     assert batches_run(ws) == ((11, 3, 0.04), (3, 2, 0.015))
+
+
+def stage_window(t, stages_ms: dict[str, list[float]]) -> Window:
+    w = Window("gateway", t, t + 1, 0.8)
+    for stage, values in stages_ms.items():
+        w.histograms[("gateway_stage_duration_seconds", f"stage={stage}")] = Histogram.from_values(
+            [v * 1e6 for v in values])
+    return w
+
+
+def p99_of(values_ms) -> float:
+    return Histogram.from_values([v * 1e6 for v in values_ms]).quantile(0.99)
+
+
+def budget_inputs(windows) -> Inputs:
+    conf = ServiceConf(ServiceSpec("gateway", cmdline="gateway", slo_p99_s=0.8))
+    return Inputs(10.0, windows, windows, conf, SPECS["budget"].option_values({"tool_slo_ms": 250.0}), 10.0,
+                  lambda *_: None)
+
+
+def test_budget_hops_are_the_tool_and_llm_stages_and_the_rest_is_the_gateway_s_own_work():
+    ms = np.linspace(0.5, 1.5, 101)        # P50 at 1x, P99 near 1.5x
+    windows = [stage_window(0, {"gate": 2 * ms, "cache": 3 * ms, "tools": 100 * ms}),
+               stage_window(1, {"gate": 2 * ms, "llm": 300 * ms})]
+    obs = for_budget(budget_inputs(windows))
+    assert [hop for hop, _ in obs.hop_slos_s] == ["gateway", "tool", "llm"]
+    assert dict(obs.hop_slos_s) == pytest.approx({"gateway": 0.1, "tool": 0.25, "llm": 0.6})
+    p50, p99 = dict(obs.hop_p50_s), dict(obs.hop_p99_s)
+    assert p50 == pytest.approx({"gateway": 0.005, "tool": 0.1, "llm": 0.3}, rel=0.1)
+    assert p99["gateway"] == pytest.approx(p99_of(2 * ms) + p99_of(3 * ms), rel=0.01)   # the stages' sum
+    assert p99["tool"] == pytest.approx(0.15, rel=0.1) and obs.slo_s == 0.8
+
+
+def test_a_hop_without_calls_reads_zero_so_the_budget_tuner_waits_for_its_data():
+    obs = for_budget(budget_inputs([stage_window(0, {"gate": [2.0, 2.0], "llm": [300.0, 320.0]})]))
+    assert dict(obs.hop_p50_s)["tool"] == 0.0 and dict(obs.hop_p99_s)["tool"] == 0.0

@@ -9,10 +9,10 @@ import logging
 import math
 from dataclasses import dataclass, field, replace
 
-import tuners
 from daemon.control import observations
 from daemon.control.actuators import Actuator, ActuatorError
 from daemon.control.audit import AuditLog, Entry, Outcome
+from daemon.control.tuner_specs import SPECS, Alert
 from daemon.config import Bounds, Config, ServiceConf
 from daemon.model.window import Window, merged_latency
 
@@ -22,7 +22,6 @@ LOAD_CHANGED = 1.25        # ... under an offered load within this factor of bef
 HOLD_INTERVALS = 3         # a rolled-back setting is left alone this many intervals,
 MAX_HOLD_S = 3600.0        # doubling with each rollback up to an hour
 MAX_BACKOFF_S = 60.0
-DRIFT_METRIC = "latency_p99_seconds"
 
 
 def guarded(value: float, old: float | None, bounds: Bounds) -> float:
@@ -83,6 +82,7 @@ class ControlLoop:
         self.audit, self.dry_run = audit, dry_run
         self.baseline_for = baseline_for   # (service, since, until) -> tuners.drift.Baseline | None
         self.services = {s.name: ServiceControl(s, actuators.get(s.name)) for s in cfg.services}
+        # (service, metric) -> (change against the baseline, alert on) of the alert-only tuners
         self.drift: dict[tuple[str, str], tuple[float, bool]] = {}
 
     def reconfigure(self, cfg: Config, actuators: dict[str, Actuator]) -> None:
@@ -136,10 +136,13 @@ class ControlLoop:
 
     def _decide(self, sc: ServiceControl, tconf, now: float, recent: list[Window],
                 all_windows: list[Window]) -> list[Entry]:
-        policy = tuners.policy(tconf.name, tconf.policy)
-        obs = self._observe(sc, tconf, now, recent, all_windows)
+        spec = SPECS[tconf.name]
+        inputs = observations.Inputs(now, recent, all_windows, sc.conf, spec.option_values(tconf.options),
+                                     tconf.interval_s, self.baseline_for)
+        obs = spec.observe(inputs)
         if obs is None:
             return []
+        policy = spec.policy(tconf.policy)
         try:
             if tconf.name not in sc.states:
                 sc.states[tconf.name] = policy.initial_state(dict(sc.settings))
@@ -150,37 +153,26 @@ class ControlLoop:
             entry = Entry(now, sc.conf.name, tconf.name, "-", None, None, str(exc), Outcome.REFUSED, "tuner stopped")
             self.audit.write(entry)
             return [entry]
-        if tconf.name == "drift":
-            return self._drift(sc, now, obs, decision)
+        if spec.alert is not None:
+            return self._alert(sc, spec.name, spec.alert, now, obs, decision)
+        changes = spec.to_settings(decision.changes, inputs) if spec.to_settings else decision.changes
         entries = [self._apply(sc, tconf, now, setting, wanted, decision.reason, recent)
-                   for setting, wanted in decision.changes.items()]
+                   for setting, wanted in changes.items()]
         entries = [e for e in entries if e is not None]
         for entry in entries:
             self.audit.write(entry)
         return entries
 
-    def _observe(self, sc: ServiceControl, tconf, now: float, recent: list[Window], history: list[Window]):
-        if tconf.name == "throttle":
-            return observations.for_throttle(now, recent, sc.conf, history)
-        if tconf.name == "batch":
-            return observations.for_batch(now, recent, sc.conf)
-        if tconf.name == "sampling":
-            return observations.for_sampling(now, recent, sc.conf, tconf.budget_traces_per_s)
-        if tconf.name == "breaker":
-            return observations.for_breaker(now, recent, sc.conf, tconf.slo_failure_rate)
-        since = now - tconf.baseline_days * 86400.0
-        ctx = observations.Context(self.baseline_for(sc.conf.name, since, now - tconf.interval_s))
-        return observations.for_drift(now, recent, ctx)
-
-    def _drift(self, sc: ServiceControl, now: float, obs, decision) -> list[Entry]:
-        """Drift pushes nothing: it raises or clears an alert, exported and audited when it changes."""
-        key = (sc.conf.name, DRIFT_METRIC)
-        deviation = obs.value / obs.baseline.mean - 1.0 if obs.baseline.mean > 0 else 0.0
+    def _alert(self, sc: ServiceControl, tuner: str, alert: Alert, now: float, obs, decision) -> list[Entry]:
+        """An alert-only tuner pushes nothing: it raises or clears an alert, exported and audited when it changes."""
+        key = (sc.conf.name, alert.metric)
+        baseline, value = alert.reading(obs)
+        deviation = value / baseline - 1.0 if baseline > 0 else 0.0
         was = self.drift.get(key, (0.0, False))[1]
         self.drift[key] = (deviation, decision.alert)
         if decision.alert == was:
             return []
-        entry = Entry(now, sc.conf.name, "drift", DRIFT_METRIC, obs.baseline.mean, obs.value, decision.reason,
+        entry = Entry(now, sc.conf.name, tuner, alert.metric, baseline, value, decision.reason,
                       Outcome.ALERT_RAISED if decision.alert else Outcome.ALERT_CLEARED)
         self.audit.write(entry)
         return [entry]

@@ -1,24 +1,34 @@
 """Turns a service's recent Windows into the Observation each tuner reads.
 Generic signals come from the Window (latency, rate, rejections, goodput);
 the rest from well-known metric families a service may export (in flight,
-batches, traces kept, tool calls, breakers), found by name suffix."""
+batches, traces kept, tool calls, breakers, stage timings), found by name
+suffix. Each builder takes the same Inputs; daemon.control.tuner_specs names
+them, and the settings a budget decision means."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable, Mapping
 
-from tuners import batch, breaker, drift, sampling, throttle
+from tuners import batch, breaker, budget, drift, sampling, throttle
 
 from daemon.config import ServiceConf
+from daemon.model import labels
 from daemon.model.window import Window, merged_latency
 
 MIN_REQUESTS = 5   # a window with fewer says little about a tail
 
 
 @dataclass(frozen=True)
-class Context:
-    """What some observations need beyond the windows: the baseline store's view."""
-    baseline: drift.Baseline | None = None
+class Inputs:
+    """What a tuner's observation is built from."""
+    now: float
+    recent: list[Window]          # the windows since the tuner's last decision
+    history: list[Window]         # every window kept for the service
+    conf: ServiceConf
+    options: Mapping[str, float]  # the tuner's own config keys, defaults filled in
+    interval_s: float
+    baseline_for: Callable[[str, float, float], drift.Baseline | None]   # (service, since, until)
 
 
 def _q(hist, q: float) -> float:
@@ -68,24 +78,26 @@ def queue_p99(windows: list[Window], history: list[Window]) -> float:
     return max(0.0, _q(merged_latency(windows), 0.99) - min(tails))
 
 
-def for_throttle(now, windows, conf: ServiceConf, history: list[Window]) -> throttle.Observation:
+def for_throttle(i: Inputs) -> throttle.Observation:
+    windows = i.recent
     hist, secs = merged_latency(windows), _seconds(windows)
     completed = sum(w.requests for w in windows) / secs
     in_flight = _gauge_max(windows, "_inflight_requests")
     if in_flight is None:  # Little's law when the service does not say
         in_flight = completed * (hist.mean() if hist is not None and hist.count else 0.0)
     return throttle.Observation(
-        now=now, slo_s=conf.spec.slo_p99_s, p50_s=_q(hist, 0.5), p90_s=_q(hist, 0.9), p99_s=_q(hist, 0.99),
+        now=i.now, slo_s=i.conf.spec.slo_p99_s, p50_s=_q(hist, 0.5), p90_s=_q(hist, 0.9), p99_s=_q(hist, 0.99),
         arrival_rps=sum(w.requests + w.rejected for w in windows) / secs, completed_rps=completed,
         goodput_rps=sum(w.goodput * w.seconds for w in windows) / secs,
         rejected_rps=sum(w.rejected for w in windows) / secs, in_flight=float(in_flight),
-        queue_p99_s=queue_p99(windows, history))
+        queue_p99_s=queue_p99(windows, i.history))
 
 
-def for_batch(now, windows, conf: ServiceConf) -> batch.Observation:
+def for_batch(i: Inputs) -> batch.Observation:
+    windows = i.recent
     hist, secs = merged_latency(windows), _seconds(windows)
     return batch.Observation(
-        now=now, slo_s=conf.spec.slo_p99_s, p99_s=_q(hist, 0.99),
+        now=i.now, slo_s=i.conf.spec.slo_p99_s, p99_s=_q(hist, 0.99),
         arrival_rps=sum(w.requests + w.rejected for w in windows) / secs,
         goodput_rps=sum(w.goodput * w.seconds for w in windows) / secs, batches=batches_run(windows))
 
@@ -102,27 +114,75 @@ def batches_run(windows: list[Window]) -> tuple[tuple[int, int, float], ...]:
     return tuple(out)
 
 
-def for_sampling(now, windows, conf: ServiceConf, budget_per_s: float) -> sampling.Observation:
+def for_sampling(i: Inputs) -> sampling.Observation:
+    windows = i.recent
     hist, secs = merged_latency(windows), _seconds(windows)
     return sampling.Observation(
-        now=now, request_rps=sum(w.requests for w in windows) / secs,
+        now=i.now, request_rps=sum(w.requests for w in windows) / secs,
         error_rps=sum(w.errors for w in windows) / secs, p90_s=_q(hist, 0.9), p99_s=_q(hist, 0.99),
         kept_rps=_family_sum(windows, "_traces_total", "sampled=true") / secs,
-        budget_traces_per_s=budget_per_s)
+        budget_traces_per_s=i.options["budget_traces_per_s"])
 
 
-def for_breaker(now, windows, conf: ServiceConf, slo_failure_rate: float) -> breaker.Observation:
+def for_breaker(i: Inputs) -> breaker.Observation:
+    windows = i.recent
     calls = _family_sum(windows, "_tool_calls_total")
     failures = _family_sum(windows, "_tool_calls_total", "outcome=error")
     open_now = [v for (fam, _), v in (windows[-1].gauges.items() if windows else ()) if fam.endswith("_breaker_open")]
-    return breaker.Observation(now=now, calls=int(calls), failures=int(failures),
-                               breaker_open=any(v > 0 for v in open_now), slo_failure_rate=slo_failure_rate)
+    return breaker.Observation(now=i.now, calls=int(calls), failures=int(failures),
+                               breaker_open=any(v > 0 for v in open_now),
+                               slo_failure_rate=i.options["slo_failure_rate"])
 
 
-def for_drift(now, windows, ctx: Context) -> drift.Observation | None:
-    """The P99 of the interval against the stored baseline; None until a baseline exists."""
-    hist = merged_latency(windows)
-    if ctx.baseline is None or hist is None or not hist.count:
+def for_drift(i: Inputs) -> drift.Observation | None:
+    """The P99 of the interval against the stored baseline (the days before the interval);
+    None until a baseline exists."""
+    hist = merged_latency(i.recent)
+    baseline = i.baseline_for(i.conf.name, i.now - i.options["baseline_days"] * 86400.0, i.now - i.interval_s)
+    if baseline is None or hist is None or not hist.count:
         return None
-    samples = tuple(w.p(0.99) for w in windows if w.requests and math.isfinite(w.p(0.99)))
-    return drift.Observation(now=now, value=_q(hist, 0.99), baseline=ctx.baseline, samples=samples)
+    samples = tuple(w.p(0.99) for w in i.recent if w.requests and math.isfinite(w.p(0.99)))
+    return drift.Observation(now=i.now, value=_q(hist, 0.99), baseline=baseline, samples=samples)
+
+
+# The budget tuner's hops on a service that times its stages (`*_stage_duration_seconds{stage}`,
+# as the reference gateway does): hop -> (the stage that measures it, the timeout that cuts it
+# off). Every other stage (intent gate, cache lookups) is the gateway's own work, the OWN_HOP:
+# budgeted, never cut off. The tools stage is a query's tool DAG with each call under the
+# timeout: its lookups run side by side, so it overruns when one call does.
+BUDGET_HOPS = {"tool": ("tools", "tool_timeout_ms"), "llm": ("llm", "llm_timeout_ms")}
+OWN_HOP = "gateway"
+
+
+def _stages(windows: list[Window]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for w in windows:
+        for (fam, label), h in w.histograms.items():
+            stage = labels.value(label, "stage")
+            if fam.endswith("_stage_duration_seconds") and stage is not None:
+                out[stage] = out[stage].plus(h) if stage in out else h
+    return out
+
+
+def for_budget(i: Inputs) -> budget.Observation:
+    """Each hop's P50 and P99 over the interval (0: no calls, the tuner waits for data); the
+    own hop's are the sums of its stages' (as if its stages were slow together)."""
+    stages = _stages(i.recent)
+    measured = {stage for stage, _ in BUDGET_HOPS.values()}
+    own = [h for stage, h in stages.items() if stage not in measured]
+    quantiles = {OWN_HOP: (sum(_q(h, 0.5) for h in own), sum(_q(h, 0.99) for h in own))}
+    quantiles |= {hop: (_q(stages.get(stage), 0.5), _q(stages.get(stage), 0.99))
+                  for hop, (stage, _) in BUDGET_HOPS.items()}
+    return budget.Observation(
+        now=i.now, slo_s=i.conf.spec.slo_p99_s,
+        hop_slos_s=tuple((hop, i.options[f"{hop}_slo_ms"] / 1000.0) for hop in quantiles),
+        hop_p50_s=tuple((hop, p50) for hop, (p50, _) in quantiles.items()),
+        hop_p99_s=tuple((hop, p99) for hop, (_, p99) in quantiles.items()))
+
+
+def budget_timeouts(changes: dict[str, float], i: Inputs) -> dict[str, float]:
+    """The budget tuner's weights as the timeouts that enforce them: weight x the service's
+    P99 SLO, in ms. The own hop's weight stays free for the gateway's own work."""
+    slo_ms = i.conf.spec.slo_p99_s * 1000.0
+    return {setting: changes[budget.PREFIX + hop] * slo_ms
+            for hop, (_, setting) in BUDGET_HOPS.items() if budget.PREFIX + hop in changes}
