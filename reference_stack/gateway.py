@@ -1,8 +1,9 @@
 """The agent gateway: POST /query {"query"} passes the rate limit, the intent
 gate, the three caches of tool results, the tool DAG (each tool behind a
 breaker), then asks the LLM (directly or through the TLS sidecar), and answers
-{"answer", "tools", "cache", "degraded", "trace_id"?}. A failed or refused tool
-makes the answer degraded (HTTP 200), never a 500."""
+{"answer", "tools", "cache", "degraded", "trace_id"?}. Each tool call and the
+LLM call run under a time budget (tool_timeout_ms, llm_timeout_ms). A failed,
+timed-out or refused tool makes the answer degraded (HTTP 200), never a 500."""
 from __future__ import annotations
 
 import argparse
@@ -44,6 +45,11 @@ SETTINGS = [
     Setting("blocking_io_ms", float, 0, 1000, 0.0,
             "fault: ms of blocking write+fsync+clock_nanosleep on the event-loop thread per request"),
     Setting("llm_via_sidecar", bool, 0, 1, False, "send the LLM call through the TLS sidecar"),
+    # Per-hop time budgets (the budget tuner pushes them): a call still running at its budget is cut off.
+    Setting("tool_timeout_ms", float, 1, 600000, 2000.0,
+            "a tool call still running after this is cut off and counted as a timeout (the answer is degraded)"),
+    Setting("llm_timeout_ms", float, 1, 600000, 30000.0,
+            "an LLM call still running after this is cut off; the query fails with 502"),
 ]
 BUCKETS = (.005, .01, .025, .05, .075, .1, .15, .2, .3, .5, .75, 1, 1.5, 2, 3, 5, 10)
 REQUEST = Histogram("gateway_request_duration_seconds", "time to answer a query", ["outcome"], buckets=BUCKETS)
@@ -69,8 +75,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tool", action="append", default=[], metavar="NAME=URL",
                         help="where a tool lives (default http://127.0.0.1:<its port>; repeatable)")
     parser.add_argument("--parallel-tools", type=int, default=8, help="most tool calls in flight per query")
-    parser.add_argument("--tool-timeout-s", type=float, default=2.0)
-    parser.add_argument("--llm-timeout-s", type=float, default=30.0)
     parser.add_argument("--cache-ttl-s", type=int, default=300, help="Redis TTL of a cached tool result")
 
 
@@ -122,9 +126,9 @@ class Gateway:
             TOOL_CALLS.labels(tool, "rejected").inc()
             return "rejected", None
         outcome, result = "ok", None
+        budget = aiohttp.ClientTimeout(total=self.settings["tool_timeout_ms"] / 1000)
         try:
-            async with self.http.post(f"{self.tools[tool]}/call", json={"args": args},
-                                      timeout=aiohttp.ClientTimeout(total=self.args.tool_timeout_s)) as r:
+            async with self.http.post(f"{self.tools[tool]}/call", json={"args": args}, timeout=budget) as r:
                 body = await r.json(content_type=None)
                 if r.status == 200:
                     result = body["result"]
@@ -168,7 +172,7 @@ class Gateway:
             raise RuntimeError(f"llm_via_sidecar is on but the certificate {self.args.cert or 'tls.crt'} is missing")
         session, base = (self.tls, self.args.sidecar_url) if via_sidecar else (self.http, self.args.inference_url)
         async with session.post(f"{base.rstrip('/')}/generate", json={"prompt": prompt},
-                                timeout=aiohttp.ClientTimeout(total=self.args.llm_timeout_s)) as r:
+                                timeout=aiohttp.ClientTimeout(total=self.settings["llm_timeout_ms"] / 1000)) as r:
             body = await r.json(content_type=None)
             if r.status != 200:
                 raise RuntimeError(f"LLM answered {r.status}: {body.get('error', body)}")

@@ -213,3 +213,30 @@ def test_a_dead_llm_is_a_502_error_not_a_hang(stack, tmp_path):
         metrics = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
         assert 'gateway_request_duration_seconds_count{outcome="error"} 1.0' in metrics
         assert '"outcome": "error"' in next(tmp_path.glob("gateway-*-traces.jsonl")).read_text()   # always kept
+
+
+def test_a_tool_slower_than_tool_timeout_ms_is_cut_off_and_counted_as_a_timeout(stack):
+    weather = stack.settings("weather")
+    timeouts = stack.metric("gateway", "gateway_tool_calls_total", tool="weather", outcome="timeout")
+    stack.patch("weather", latency_ms=600, latency_sigma=0, tail_prob=0)
+    stack.patch("gateway", tool_timeout_ms=150)
+    try:
+        stack.admin("gateway", "POST", {"level": "all"}, path="/admin/cache/flush")
+        status, body = stack.query("what is the weather in Lisbon")
+    finally:
+        stack.patch("gateway", tool_timeout_ms=2000)
+        stack.patch("weather", **weather)
+    assert status == 200 and body["degraded"], body
+    [call] = [c for c in body["tools"] if c["tool"] == "weather"]
+    assert call["outcome"] == "timeout" and call["ended_s"] - call["started_s"] < 0.45, call   # cut at 0.15 s
+    assert stack.metric("gateway", "gateway_tool_calls_total", tool="weather", outcome="timeout") == timeouts + 1
+
+
+def test_an_llm_call_over_llm_timeout_ms_is_cut_off_and_the_query_fails(stack):
+    stack.patch("gateway", llm_timeout_ms=1)
+    try:
+        status, body = stack.query("tell me a joke about timeouts")
+    finally:
+        stack.patch("gateway", llm_timeout_ms=30000)
+    assert status == 502 and "TimeoutError" in body["error"], body
+    assert stack.query("tell me a joke about timeouts")[0] == 200
