@@ -194,7 +194,8 @@ class BaselineStore:
                                      points)
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:   # a failed COMMIT (disk full) may have ended it
+                    self._db.execute("ROLLBACK")
                 raise
         return len(checked)
 
@@ -285,6 +286,7 @@ class BaselineStore:
                                  "(SELECT 1 FROM points WHERE series_id = series.id)")
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:   # a failed COMMIT (disk full) may have ended it
+                    self._db.execute("ROLLBACK")
                 raise
         return deleted
