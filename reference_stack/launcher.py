@@ -11,6 +11,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -67,7 +68,8 @@ def free_ports(n: int) -> list[int]:
 def init_run_dir(run_dir: Path) -> dict[str, Path]:
     """Create the run dir, a 0600 admin token and a self-signed certificate, each only if missing.
     Safe when several services' units run it at once (one at a time, under a lock file)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _check_private(run_dir)
     token, cert, key = run_dir / "admin.token", run_dir / "tls.crt", run_dir / "tls.key"
     with open(run_dir / ".init.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -89,6 +91,21 @@ def init_run_dir(run_dir: Path) -> dict[str, Path]:
                 os.umask(old_umask)
             os.chmod(cert, 0o644)
     return {"token_file": token, "cert": cert, "key": key}
+
+
+def _check_private(run_dir: Path) -> None:
+    """Refuse a run dir that is a link, that another user owns, or that others can write: it holds
+    the admin token that a root daemon reads and sends, and whoever can swap it chooses that token."""
+    st = os.lstat(run_dir)
+    fix = "use a folder of your own (--run-dir, env SLOTUNE_STACK_RUN_DIR)"
+    if not stat.S_ISDIR(st.st_mode):
+        raise RuntimeError(f"run dir {run_dir} is not a folder (a symbolic link?); {fix}")
+    if st.st_uid != os.geteuid():
+        raise RuntimeError(f"run dir {run_dir} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()}); "
+                           f"{fix} or chown it")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise RuntimeError(f"run dir {run_dir} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}); "
+                           f"chmod 700 {run_dir} or {fix}")
 
 
 def _set_flags(values: dict[str, object]) -> list[str]:

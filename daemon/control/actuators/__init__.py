@@ -3,7 +3,8 @@ Each reads the current values and pushes a change as one all-or-nothing call;
 failures raise ActuatorError so the control loop can back off and retry."""
 from __future__ import annotations
 
-from typing import Protocol
+import math
+from typing import Callable, Protocol
 
 from daemon.config import Control
 
@@ -22,10 +23,45 @@ class Actuator(Protocol):
     def push(self, changes: dict[str, float]) -> None: ...
 
 
-def for_control(control: Control) -> Actuator:
+def for_control(control: Control, owns: Callable[[int], bool] | None = None) -> Actuator:
+    """owns(pid): whether pid is one of the service's own processes (the only ones a file actuator signals)."""
     from daemon.control.actuators.file import FileActuator
     from daemon.control.actuators.http_json import HttpJsonActuator
     if control.kind == "file":
-        return FileActuator(control.path, control.pid_file, control.signal)
+        return FileActuator(control.path, control.pid_file, control.signal, owns)
     return HttpJsonActuator(control.url, control.token_file, control.method,
                             settings_key="settings" if control.kind == "reference" else "")
+
+
+def numeric_settings(settings: object, where: str) -> dict[str, float]:
+    """The numeric settings in a service's answer, as floats. Booleans, strings and other
+    values are not settings slotune tunes and are left out (true is not 1.0); anything that
+    is not a JSON object, or a number that is not finite, raises ActuatorError naming where."""
+    if not isinstance(settings, dict):
+        raise ActuatorError(f"{where}: expected a JSON object of setting -> value, got {_json_kind(settings)}",
+                            unreachable=False)
+    out = {}
+    for key, value in settings.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        try:
+            number = float(value)
+        except OverflowError:       # an integer too large for a float
+            number = math.inf
+        if not math.isfinite(number):
+            raise ActuatorError(f"{where}: setting {key!r} is not a finite number", unreachable=False)
+        out[key] = number
+    return out
+
+
+def _json_kind(value: object) -> str:
+    if value is None:
+        return "null (or nothing)"
+    if isinstance(value, bool):
+        return "a boolean"
+    return {list: "a list", str: "a string"}.get(type(value), "a number")
+
+
+def plain(value: float) -> float | int:
+    """Whole numbers go out as JSON integers (batch sizes, limits)."""
+    return int(value) if float(value).is_integer() else value

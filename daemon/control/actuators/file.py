@@ -1,45 +1,124 @@
-"""Writes settings to a JSON file atomically (temp file, fsync, rename) and
-optionally signals the service so it re-reads it: for services whose only
-control surface is a file."""
+"""Writes settings into a service's JSON settings file and optionally signals the
+service so it re-reads it: for services whose only control surface is a file.
+A push changes only the tuned keys (every other value, the key order, the file's
+mode and owner stay) in one atomic replace (temp file, fsync, rename, fsync of the
+folder); the signal goes, by pidfd, only to one of the service's own processes."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import signal as signals
+import stat
 import tempfile
 from pathlib import Path
+from typing import Callable
 
-from daemon.control.actuators import ActuatorError
 from daemon.config import signal_number
+from daemon.control.actuators import ActuatorError, numeric_settings, plain
+from daemon.control.actuators.safe_files import read_regular
+
+SETTINGS_MAX_BYTES = 1 << 20
+PID_FILE_MAX_BYTES = 64
+NEW_FILE_MODE = 0o644
 
 
 class FileActuator:
-    def __init__(self, path: str, pid_file: str = "", signal: str = ""):
-        self.path, self.pid_file = Path(path), pid_file
+    """owns(pid): whether pid is one of the service's own processes; without it nothing is signalled."""
+
+    def __init__(self, path: str, pid_file: str = "", signal: str = "",
+                 owns: Callable[[int], bool] | None = None):
+        self.path, self.pid_file, self.owns = Path(path), pid_file, owns
         self.signal = signal_number(signal) if signal else None
 
-    def current(self) -> dict[str, float]:
+    def _read(self) -> tuple[dict, os.stat_result | None]:
+        """The file's settings as JSON has them (a missing file has none yet) and its status."""
         try:
-            data = json.loads(self.path.read_text())
+            data, st = read_regular(str(self.path), "settings file", SETTINGS_MAX_BYTES)
         except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            raise ActuatorError(f"cannot read {self.path}: {exc}") from None
-        return {k: float(v) for k, v in data.items() if isinstance(v, (int, float))}
+            return {}, None
+        try:
+            settings = json.loads(data)
+        except ValueError as exc:
+            raise ActuatorError(f"settings file {self.path} is not JSON ({exc})", unreachable=False) from None
+        numeric_settings(settings, f"settings file {self.path}")
+        return settings, st
+
+    def current(self) -> dict[str, float]:
+        return numeric_settings(self._read()[0], f"settings file {self.path}")
 
     def push(self, changes: dict[str, float]) -> None:
-        merged = {**self.current(), **changes}
+        settings, st = self._read()
+        pidfd = self._service_process() if self.signal is not None and self.pid_file else None
+        try:
+            self._write({**settings, **{k: _like(settings.get(k), v) for k, v in changes.items()}}, st)
+            if pidfd is not None:
+                try:
+                    signals.pidfd_send_signal(pidfd, self.signal)
+                except OSError as exc:
+                    raise ActuatorError(f"wrote {self.path} but could not signal the process in "
+                                        f"{self.pid_file}: {exc.strerror}") from None
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
+    def _write(self, settings: dict, st: os.stat_result | None) -> None:
+        """Replace the file with settings, as its owner and mode had it; on failure nothing changes."""
+        tmp = ""
         try:
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
-            with os.fdopen(fd, "w") as f:
-                json.dump(merged, f, indent=2, sort_keys=True)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                if st is not None:
+                    os.fchown(f.fileno(), st.st_uid, st.st_gid)
+                os.fchmod(f.fileno(), stat.S_IMODE(st.st_mode) if st is not None else NEW_FILE_MODE)
+                json.dump(settings, f, indent=2, ensure_ascii=False)
+                f.write("\n")
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.path)
-        except OSError as exc:
-            raise ActuatorError(f"cannot write {self.path}: {exc}") from None
-        if self.signal is not None and self.pid_file:
+            folder = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
             try:
-                os.kill(int(Path(self.pid_file).read_text().split()[0]), self.signal)
-            except (OSError, ValueError, IndexError) as exc:
-                raise ActuatorError(f"wrote {self.path} but could not signal the pid in {self.pid_file}: {exc}") from None
+                os.fsync(folder)
+            finally:
+                os.close(folder)
+        except OSError as exc:
+            if tmp:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+            raise ActuatorError(f"cannot write {self.path}: {exc.strerror}", unreachable=False) from None
 
+    def _service_process(self) -> int:
+        """A pidfd on the process the pid file names, once it is known to be one of the service's own."""
+        try:
+            data, _ = read_regular(self.pid_file, "pid file", PID_FILE_MAX_BYTES)
+        except FileNotFoundError:
+            raise ActuatorError(f"pid file {self.pid_file} does not exist (is the service running?); "
+                                f"nothing was written") from None
+        first = (data.split() or [b""])[0]
+        if not re.fullmatch(rb"[+-]?[0-9]{1,10}", first):
+            raise ActuatorError(f"pid file {self.pid_file} does not hold a process id (it starts {first[:20]!r}); "
+                                "the service must write its pid there; nothing was written", unreachable=False)
+        pid = int(first)
+        if pid <= 1 or pid == os.getpid():
+            raise ActuatorError(f"pid file {self.pid_file} names pid {pid}, which slotune never signals "
+                                "(0 and negative ids reach whole groups or every process, 1 is init, "
+                                f"{os.getpid()} is slotune); the pid file must hold the service's own pid; "
+                                "nothing was written", unreachable=False)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError as exc:
+            raise ActuatorError(f"pid file {self.pid_file} names pid {pid}: {exc.strerror} (is the service "
+                                "running?); nothing was written") from None
+        if self.owns is None or not self.owns(pid):
+            os.close(pidfd)
+            raise ActuatorError(f"pid file {self.pid_file} names pid {pid}, which is not one of this service's "
+                                "processes (as its cmdline, systemd_unit, cgroup or port find them); slotune "
+                                "signals only those: fix the pid file or the service's declaration; "
+                                "nothing was written", unreachable=False)
+        return pidfd
+
+
+def _like(old: object, value: float) -> float | int:
+    """The new value in the kind the file had: a float stays a float, else whole numbers are integers."""
+    return float(value) if isinstance(old, float) else plain(value)

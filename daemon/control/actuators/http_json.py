@@ -1,15 +1,22 @@
 """Pushes settings as a JSON object over HTTP: the reference stack's
 `/admin/config` (GET {"settings": ...}, PATCH {key: value}) and any service
 with a similar JSON endpoint. The bearer token is re-read on every call so a
-rotated token file takes effect without a restart."""
+rotated token file takes effect without a restart. Each call has one deadline
+and a size cap, follows no redirect and uses no proxy: the token goes only to
+the URL the config names, and never into a message."""
 from __future__ import annotations
 
+import http.client
+import io
 import json
-import urllib.error
-import urllib.request
-from pathlib import Path
+import time
+from urllib.parse import urlsplit
 
-from daemon.control.actuators import ActuatorError
+from daemon.control.actuators import ActuatorError, numeric_settings, plain
+from daemon.control.actuators.safe_files import read_token
+
+MAX_ANSWER_BYTES = 1 << 20
+DETAIL_CHARS = 200      # of an error answer, quoted in the message
 
 
 class HttpJsonActuator:
@@ -18,33 +25,122 @@ class HttpJsonActuator:
         self.url, self.token_file, self.method = url, token_file, method
         self.settings_key, self.timeout_s = settings_key, timeout_s
 
-    def _request(self, method: str, body: dict | None = None) -> dict:
+    def _request(self, method: str, body: dict | None = None):
         headers = {"Content-Type": "application/json"}
-        if self.token_file:
-            try:
-                headers["Authorization"] = "Bearer " + Path(self.token_file).read_text().strip()
-            except OSError as exc:
-                raise ActuatorError(f"cannot read token file {self.token_file}: {exc.strerror}") from None
+        token = read_token(self.token_file) if self.token_file else ""
+        if token:
+            headers["Authorization"] = "Bearer " + token
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return json.loads(resp.read() or b"{}")
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:200]
-            raise ActuatorError(f"{method} {self.url}: HTTP {exc.code} {detail}", unreachable=exc.code >= 500) from None
-        except (OSError, ValueError) as exc:
-            raise ActuatorError(f"{method} {self.url}: {exc}") from None
+            status, location, answer = self._exchange(method, data, headers)
+        except TimeoutError:
+            raise ActuatorError(f"{method} {self.url}: no complete answer within {self.timeout_s:g} s") from None
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            raise ActuatorError(f"{method} {self.url}: {_printable(str(exc) or type(exc).__name__, token)}") from None
+        if 300 <= status < 400:
+            raise ActuatorError(f"{method} {self.url}: HTTP {status}, a redirect to {_printable(location, token)}; "
+                                "slotune follows no redirects (the token would go along): "
+                                "set url to the address that answers", unreachable=False)
+        if status >= 400:
+            detail = _printable(answer.decode(errors="replace"), token)[:DETAIL_CHARS]
+            raise ActuatorError(f"{method} {self.url}: HTTP {status} {detail}", unreachable=status >= 500)
+        try:
+            return json.loads(answer or b"{}")
+        except ValueError as exc:
+            raise ActuatorError(f"{method} {self.url}: the answer is not JSON ({exc})", unreachable=False) from None
+
+    def _exchange(self, method: str, data: bytes | None, headers: dict) -> tuple[int, str, bytes]:
+        """(status, Location, body) of one exchange that ends within timeout_s, all of it."""
+        deadline = time.monotonic() + self.timeout_s
+        url = urlsplit(self.url)
+        connection = _HTTPS if url.scheme == "https" else _HTTP
+        conn = connection(url.hostname, url.port, timeout=self.timeout_s, deadline=deadline)
+        try:
+            conn.request(method, (url.path or "/") + (f"?{url.query}" if url.query else ""), data, headers)
+            answer = conn.getresponse()
+            if (answer.length or 0) > MAX_ANSWER_BYTES:
+                raise self._too_large(method)
+            chunks, size = [], 0
+            while chunk := answer.read1(64 * 1024):
+                size += len(chunk)
+                if size > MAX_ANSWER_BYTES:
+                    raise self._too_large(method)
+                chunks.append(chunk)
+            return answer.status, answer.getheader("Location", ""), b"".join(chunks)
+        finally:
+            conn.close()
+
+    def _too_large(self, method: str) -> ActuatorError:
+        return ActuatorError(f"{method} {self.url}: the answer is larger than {MAX_ANSWER_BYTES} bytes",
+                             unreachable=False)
 
     def current(self) -> dict[str, float]:
-        reply = self._request("GET")
-        settings = reply.get(self.settings_key, {}) if self.settings_key else reply
-        return {k: float(v) for k, v in settings.items() if isinstance(v, (int, float))}
+        reply, where = self._request("GET"), f"GET {self.url}"
+        if self.settings_key and isinstance(reply, dict):
+            reply, where = reply.get(self.settings_key), f"{where}, member {self.settings_key!r}"
+        return numeric_settings(reply, where)
 
     def push(self, changes: dict[str, float]) -> None:
-        self._request(self.method, {k: _plain(v) for k, v in changes.items()})
+        self._request(self.method, {k: plain(v) for k, v in changes.items()})
 
 
-def _plain(value: float) -> float | int:
-    """Whole numbers go out as JSON integers (batch sizes, limits)."""
-    return int(value) if float(value).is_integer() else value
+def _printable(text: str, token: str) -> str:
+    """Server-sent text fit for a log line: one line, the token (if it echoed it) blanked."""
+    if token:
+        text = text.replace(token, "<token>")
+    return " ".join(text.split())
+
+
+class _Reads(io.RawIOBase):
+    """The answer's bytes off a socket, each read waiting only for what is left until the deadline."""
+
+    def __init__(self, sock, deadline: float):
+        self.sock, self.deadline = sock, deadline
+        self.raw = sock.makefile("rb", buffering=0)     # keeps the socket open while the answer is read
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the deadline passed")
+        self.sock.settimeout(left)
+        return self.raw.readinto(buffer)
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
+class _DeadlineSocket:
+    """A connected socket whose answer (status line, headers, body) must arrive by one deadline."""
+
+    def __init__(self, sock, deadline: float):
+        self.sock, self.deadline = sock, deadline
+
+    def makefile(self, mode: str):
+        return io.BufferedReader(_Reads(self.sock, self.deadline))
+
+    def __getattr__(self, name: str):
+        return getattr(self.sock, name)
+
+
+class _Deadline:
+    """An http.client connection (which follows no redirect and reads no proxy settings) on a deadline."""
+
+    def __init__(self, *args, deadline: float, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.deadline = deadline
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock = _DeadlineSocket(self.sock, self.deadline)
+
+
+class _HTTP(_Deadline, http.client.HTTPConnection):
+    pass
+
+
+class _HTTPS(_Deadline, http.client.HTTPSConnection):
+    pass
