@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import ssl
+import sys
 from pathlib import Path
 from typing import Awaitable, Callable
 
@@ -21,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
 from .settings import Setting, SettingError, Settings, parse_assignments
 
 DEFAULT_RUN_DIR = Path(os.environ.get("SLOTUNE_STACK_RUN_DIR", "/tmp/slotune-stack"))
+MAX_BODY_BYTES = 1 << 20      # of a request; a settings change is a small JSON object
 
 
 def common_arguments(parser: argparse.ArgumentParser, port: int | None) -> None:
@@ -46,6 +48,11 @@ def load_settings(specs: list[Setting], args) -> Settings:
         return Settings(specs, parse_assignments(args.set))
     except SettingError as e:
         raise SystemExit(f"--set: {e}") from None
+
+
+def _json_int(digits: str) -> int | float:
+    """A JSON integer; one longer than Python converts reads as a float (infinity) for the setting to refuse."""
+    return int(digits) if len(digits) <= sys.get_int_max_str_digits() else float(digits)
 
 
 def json_error(status: int, message: str) -> web.Response:
@@ -107,8 +114,11 @@ def make_app(service: str, settings: Settings, token_path: Path, start: Callable
     @guard
     async def patch_config(request):
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            body = await request.json(loads=lambda text: json.loads(text, parse_int=_json_int))
+        except web.HTTPRequestEntityTooLarge:
+            return json_error(413, f"the body is larger than {MAX_BODY_BYTES} bytes; "
+                                   "send a JSON object of setting -> value")
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             return json_error(400, "the body must be a JSON object of setting -> value")
         try:
             after = settings.patch(body)
@@ -116,7 +126,7 @@ def make_app(service: str, settings: Settings, token_path: Path, start: Callable
             return json_error(400, str(e))
         return web.json_response({"settings": after, "bounds": settings.bounds()})
 
-    app = web.Application()
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
     app["settings"] = settings
     app["admin_guard"] = guard
     app.router.add_get("/healthz", healthz)

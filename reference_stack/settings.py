@@ -3,6 +3,7 @@ changes under one lock, each logged as "config change key: old -> new"."""
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -30,19 +31,22 @@ class Setting:
                 return value
             if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
                 return value.lower() in ("true", "1")
-            raise SettingError(f"{self.name}={value!r} is not a boolean; allowed: true or false")
+            raise SettingError(f"{self.name}={_shown(value)} is not a boolean; allowed: true or false")
         if isinstance(value, str):
             try:
                 value = float(value)
             except ValueError:
-                raise SettingError(f"{self.name}={value!r} is not a number; allowed range "
+                raise SettingError(f"{self.name}={_shown(value)} is not a number; allowed range "
                                    f"[{self.low:g}, {self.high:g}]") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise SettingError(f"{self.name}={value!r} is not a number; allowed range [{self.low:g}, {self.high:g}]")
+            raise SettingError(f"{self.name}={_shown(value)} is not a number; allowed range [{self.low:g}, {self.high:g}]")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SettingError(f"{self.name}={_shown(value)} is not a finite number; allowed range "
+                               f"[{self.low:g}, {self.high:g}]")
         if self.kind is int and value != int(value):
-            raise SettingError(f"{self.name}={value!r} must be a whole number in [{self.low:g}, {self.high:g}]")
+            raise SettingError(f"{self.name}={_shown(value)} must be a whole number in [{self.low:g}, {self.high:g}]")
         if not self.low <= value <= self.high:
-            raise SettingError(f"{self.name}={value!r} is out of range; allowed range [{self.low:g}, {self.high:g}]")
+            raise SettingError(f"{self.name}={_shown(value)} is out of range; allowed range [{self.low:g}, {self.high:g}]")
         return self.kind(value)
 
     def bounds(self) -> list:
@@ -99,6 +103,12 @@ class Settings:
             for listener in self._listeners:
                 listener(checked)
         return after
+
+
+def _shown(value: Any) -> str:
+    """A value as a message quotes it: a 10 000-digit number or a long string is cut short."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def parse_assignments(pairs: list[str]) -> dict[str, str]:

@@ -126,3 +126,20 @@ def test_a_bad_initial_setting_stops_the_service_with_the_reason(tmp_path):
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "failure_rate=2.0 is out of range; allowed range [0, 1]" in result.stderr
+
+
+def test_the_reference_actuator_reads_the_numbers_and_pushes_a_change_to_a_real_service(stack):
+    from daemon.control.actuators.http_json import HttpJsonActuator
+    actuator = HttpJsonActuator(stack.urls["gateway"] + "/admin/config", stack.state["token_file"],
+                                settings_key="settings")
+    before = stack.settings("gateway")
+    current = actuator.current()
+    assert "llm_via_sidecar" not in current          # a boolean is not a number to tune
+    assert current["intent_threshold"] == before["intent_threshold"]
+    try:
+        actuator.push({"intent_threshold": 0.7, "concurrency_limit": 12.0})
+        after = stack.settings("gateway")
+        assert (after["intent_threshold"], after["concurrency_limit"]) == (0.7, 12)
+    finally:
+        stack.patch("gateway", intent_threshold=before["intent_threshold"],
+                    concurrency_limit=before["concurrency_limit"])
