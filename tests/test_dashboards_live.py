@@ -56,7 +56,7 @@ def daemon_config(path: Path, cfg: launcher.StackConfig, metrics_port: int) -> N
     ports = {DEFAULTS[name]: port for name, port in now.items()} | {9477: metrics_port}
     text = (ROOT / "slotune.example.toml").read_text()
     text = re.sub(r"\b(%s)\b" % "|".join(map(str, ports)), lambda m: str(ports[int(m.group())]), text)
-    text = text.replace("/tmp/slotune-stack/", f"{cfg.run_dir}/").replace("/var/lib/slotune/", f"{path.parent}/")
+    text = text.replace("/var/lib/slotune-stack/", f"{cfg.run_dir}/").replace("/var/lib/slotune/", f"{path.parent}/")
     text = re.sub(r"^(tune_)?interval_s = [0-9.]+", r"\1interval_s = 2.0", text, flags=re.M)
     path.write_text(text)
 
