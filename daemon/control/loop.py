@@ -86,12 +86,20 @@ class ControlLoop:
         self.drift: dict[tuple[str, str], tuple[float, bool]] = {}
 
     def reconfigure(self, cfg: Config, actuators: dict[str, Actuator]) -> None:
-        """Keep tuner state for services and tuners that survive a reload."""
+        """Keep tuner state for services and tuners that survive a reload with the same
+        policy; a tuner whose policy changed starts fresh (one policy's state means
+        nothing to another)."""
         old = self.services
-        self.services = {
-            s.name: (replace(old[s.name], conf=s, actuator=actuators.get(s.name), stopped=set())
-                     if s.name in old else ServiceControl(s, actuators.get(s.name)))
-            for s in cfg.services}
+        self.services = {}
+        for s in cfg.services:
+            if s.name not in old:
+                self.services[s.name] = ServiceControl(s, actuators.get(s.name))
+                continue
+            was = {t.name: t.policy for t in old[s.name].conf.tuners}
+            states = {name: state for name, state in old[s.name].states.items()
+                      if any(t.name == name and t.policy == was.get(name) for t in s.tuners)}
+            self.services[s.name] = replace(old[s.name], conf=s, actuator=actuators.get(s.name), stopped=set(),
+                                            states=states)
 
     def tick(self, now: float, history: dict[str, list[Window]]) -> list[Entry]:
         entries: list[Entry] = []
