@@ -158,12 +158,18 @@ def _service(file: Path, name: str, r: _Reader, default_tune_s: float) -> Servic
         cgroup=r.get("cgroup", str),
         cmdline=_regex(file, r.key("cmdline"), r.get("cmdline", str)),
         port=r.get("port", int, lo=1, hi=65535),
+        user=r.table.pop("user", None),
+        latency_metric=r.get("latency_metric", str, ""),
         slo_p99_s=r.get("slo_p99_ms", float, 500.0, lo=0.1, hi=600_000.0) / 1000.0,
         peers=_peers(file, r.table_of("peers")),
     )
-    if not any((spec.systemd_unit, spec.cgroup, spec.cmdline, spec.port)):
-        raise ConfigError(file, r.where, "needs at least one of systemd_unit, cgroup, cmdline, port to find its processes")
-    latency_metric = r.get("latency_metric", str, "")
+    if not any((spec.systemd_unit, spec.cgroup, spec.cmdline, spec.port, spec.user is not None)):
+        raise ConfigError(file, r.where, "needs at least one of systemd_unit, cgroup, cmdline, port, user to find its processes")
+    try:
+        spec.uid()
+    except ValueError as exc:
+        raise ConfigError(file, r.key("user"), str(exc)) from None
+    latency_metric = spec.latency_metric
     if latency_metric and not metrics_url:
         raise ConfigError(file, r.key("latency_metric"), "needs metrics_url to read it from")
     downstream = tuple(r.get("downstream", list, []))

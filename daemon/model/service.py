@@ -2,21 +2,46 @@
 and (for the control loop) where its settings live."""
 from __future__ import annotations
 
+import pwd
 from dataclasses import dataclass, field
+
+MAX_UID = 2**32 - 2          # (uid_t)-1 means "no uid"
 
 
 @dataclass(frozen=True)
 class ServiceSpec:
     name: str
-    # Any of these finds the service's processes (all given ones must match).
+    # Any of these finds the service's processes (all given ones must match). Another local
+    # user cannot spoof systemd_unit, cgroup or user: joining a cgroup takes write access to
+    # it and changing uid takes privilege. They can spoof cmdline (anyone may start a process
+    # with any command line) and, to some degree, port (anyone may listen on a port >= 1024
+    # while the service does not hold it, e.g. as it restarts).
     systemd_unit: str | None = None
     cgroup: str | None = None            # path under /sys/fs/cgroup
-    cmdline: str | None = None           # regular expression over the joined command line
+    cmdline: str | None = None           # regular expression over the command line's first 4 KiB
     port: int | None = None              # a TCP port the service listens on
+    user: str | int | None = None        # the account (name or uid) its processes run as
     metrics_url: str = ""                # its own Prometheus /metrics, when it has one
+    latency_metric: str = ""             # its e2e latency histogram family in metrics_url
     slo_p99_s: float = 0.5
     # Remote ports that name peers, e.g. {8000: "inference"}; others count as "other".
     peers: dict[int, str] = field(default_factory=dict)
+
+    def uid(self) -> int | None:
+        """The uid `user` names (None when not given); ValueError, saying the fix, when it names none."""
+        if self.user is None:
+            return None
+        if isinstance(self.user, int) and not isinstance(self.user, bool):
+            if not 0 <= self.user <= MAX_UID:
+                raise ValueError(f"user {self.user} is not a uid (0..{MAX_UID})")
+            return self.user
+        if not isinstance(self.user, str):
+            raise ValueError(f"user must be an account name or a numeric uid, got {self.user!r}")
+        try:
+            return pwd.getpwnam(self.user).pw_uid
+        except KeyError:
+            raise ValueError(f"user {self.user!r} has no account on this host: create it, "
+                             "or give its numeric uid") from None
 
     def __hash__(self) -> int:
         return hash(self.name)

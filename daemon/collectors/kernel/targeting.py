@@ -1,12 +1,15 @@
 """Finds each service's processes (command-line regex, systemd unit, cgroup path,
-listening port; all given ones must match) and keeps the set current: each scan
-reads one small /proc/<pid>/stat per process and evaluates the full match only
-for processes it has not seen before (or that exec'ed since). Threads count with
-their process. The kernel side (bpf/targeting.bpf.c) adds forks between scans."""
+user, listening port; all given ones must match) and keeps the set current: each
+scan reads one small /proc/<pid>/stat per process and evaluates the full match
+only for processes it has not seen before (or that exec'ed since), within a time
+budget. Threads count with their process. The kernel side (bpf/targeting.bpf.c)
+adds forks between scans."""
 from __future__ import annotations
 
+import logging
 import os
 import re
+import time
 from dataclasses import dataclass, field
 
 import psutil
@@ -14,6 +17,13 @@ import psutil
 from daemon.model.service import ServiceSpec
 
 CGROUP_ROOT = "/sys/fs/cgroup"
+# Any local user can start a process whose command line (up to 2 MiB) a cmdline pattern
+# reads, and a backtracking pattern takes time quadratic in the text: so a pattern sees
+# only the line's head, and a scan stops matching new processes once its budget is spent.
+CMDLINE_BYTES = 4096
+SCAN_BUDGET_S = 0.25
+
+log = logging.getLogger(__name__)
 
 
 class TargetingError(ValueError):
@@ -28,20 +38,47 @@ class ServiceProcesses:
     listen_ports: set[int] = field(default_factory=set)
 
 
-def validate(spec: ServiceSpec) -> re.Pattern | None:
-    """Check a service declaration; returns its compiled cmdline pattern."""
-    if not (spec.cmdline or spec.systemd_unit or spec.cgroup or spec.port):
+def validate(spec: ServiceSpec) -> tuple[re.Pattern | None, int | None]:
+    """Check a service declaration; returns its compiled cmdline pattern and its uid."""
+    if not (spec.cmdline or spec.systemd_unit or spec.cgroup or spec.port or spec.user is not None):
         raise TargetingError(f"service {spec.name!r} has no way to find its processes: "
-                             "set cmdline, systemd_unit, cgroup or port")
+                             "set cmdline, systemd_unit, cgroup, port or user")
     if spec.port is not None and not 0 < spec.port < 65536:
         raise TargetingError(f"service {spec.name!r}: port {spec.port} is not a TCP port (1..65535)")
-    if spec.cmdline is None:
-        return None
     try:
-        return re.compile(spec.cmdline)
+        uid = spec.uid()
+    except ValueError as exc:
+        raise TargetingError(f"service {spec.name!r}: {exc}") from None
+    if spec.cmdline is None:
+        return None, uid
+    try:
+        return re.compile(spec.cmdline), uid
     except re.error as exc:
         raise TargetingError(f"service {spec.name!r}: cmdline {spec.cmdline!r} is not a valid "
                              f"regular expression ({exc})") from None
+
+
+def command_line(pid: int) -> str:
+    """The command line's first CMDLINE_BYTES, arguments joined by spaces ("" when gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb", buffering=0) as f:
+            raw = f.read(CMDLINE_BYTES)
+    except OSError:
+        return ""
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def process_uids(pid: int) -> tuple[int, int] | None:
+    """(real, effective) uid of a process, from /proc/<pid>/status."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    real, effective = line.split()[1:3]
+                    return int(real), int(effective)
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def stat_identity(pid: int) -> tuple[str, int] | None:
@@ -128,8 +165,10 @@ def listening_ports(pid: int) -> set[int]:
 class Targeting:
     """scan() -> {service name: ServiceProcesses}; cheap enough to call every interval."""
 
-    def __init__(self, services: list[ServiceSpec]):
+    def __init__(self, services: list[ServiceSpec], scan_budget_s: float = SCAN_BUDGET_S):
         self.own_pid = os.getpid()
+        self.scan_budget_s = scan_budget_s
+        self.over_budget: set[str] = set()      # services already named in a budget warning
         self.update_services(services)
 
     def update_services(self, services: list[ServiceSpec]) -> None:
@@ -137,7 +176,9 @@ class Targeting:
         dupes = {n for n in names if names.count(n) > 1}
         if dupes:
             raise TargetingError(f"service names must be unique; repeated: {', '.join(sorted(dupes))}")
-        self.patterns = {s.name: validate(s) for s in services}
+        checked = {s.name: validate(s) for s in services}
+        self.patterns = {name: pattern for name, (pattern, _) in checked.items()}
+        self.uids = {name: uid for name, (_, uid) in checked.items()}
         self.services = list(services)
         self.seen: dict[int, tuple[tuple[str, int], frozenset[str]]] = {}
         self.listen_inodes: frozenset[int] | None = None   # listening sockets at the last scan
@@ -145,15 +186,13 @@ class Targeting:
         self.pid_ports: dict[int, set[int]] = {}            # pid -> its listening ports, likewise
 
     def matches(self, pid: int, spec: ServiceSpec, listeners: dict[int, set[int]]) -> bool:
-        pattern = self.patterns[spec.name]
-        if pattern is not None:
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-            except OSError:
-                return False
-            if not cmdline or not pattern.search(cmdline):
-                return False
+        """The command line, which another user may have written, is read last: only
+        for processes that passed every other finder the service gives."""
+        if spec.port is not None and pid not in listeners.get(spec.port, set()):
+            return False
+        uid = self.uids[spec.name]
+        if uid is not None and process_uids(pid) != (uid, uid):
+            return False
         if spec.systemd_unit or spec.cgroup:
             paths = cgroup_paths(pid)
             if spec.systemd_unit and not any(unit_name(spec.systemd_unit) in p.split("/")
@@ -163,9 +202,22 @@ class Targeting:
                 hierarchy, parent = cgroup_target(spec.cgroup)
                 if hierarchy not in paths or not under(paths[hierarchy], parent):
                     return False
-        if spec.port is not None and pid not in listeners.get(spec.port, set()):
-            return False
+        pattern = self.patterns[spec.name]
+        if pattern is not None:
+            cmdline = command_line(pid)
+            if not cmdline or not pattern.search(cmdline):
+                return False
         return True
+
+    def match_all(self, pid: int, listeners: dict[int, set[int]], spent: dict[str, float]) -> frozenset[str]:
+        """The services pid belongs to; adds the time each service's match took to spent."""
+        names = set()
+        for s in self.services:
+            t0 = time.perf_counter()
+            if self.matches(pid, s, listeners):
+                names.add(s.name)
+            spent[s.name] = spent.get(s.name, 0.0) + time.perf_counter() - t0
+        return frozenset(names)
 
     def port_listeners(self) -> dict[int, set[int]]:
         """Listening port -> pids, only when some service is declared by port."""
@@ -185,6 +237,8 @@ class Targeting:
             self.listen_inodes, self.listeners, self.pid_ports = inodes, self.port_listeners(), {}
         listeners = self.listeners
         alive = {}
+        spent: dict[str, float] = {}   # service -> seconds its matches took this scan
+        waiting = 0                    # new processes left for the next scans
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit():
                 continue
@@ -195,14 +249,26 @@ class Targeting:
             if ident is None:
                 continue
             cached = self.seen.get(pid)
-            if cached and cached[0] == ident and not (fresh and listeners):
+            known = cached is not None and cached[0] == ident
+            if known and not (fresh and listeners):
+                names = cached[1]
+            elif sum(spent.values()) > self.scan_budget_s:
+                # Out of time: known processes keep their services, new ones stay out of
+                # `seen` so that a later scan matches them.
+                if not known:
+                    waiting += 1
+                    continue
                 names = cached[1]
             else:
-                names = frozenset(s.name for s in self.services if self.matches(pid, s, listeners))
+                names = self.match_all(pid, listeners, spent)
             alive[pid] = (ident, names)
             for name in names:
                 found[name].tgids.add(pid)
         self.seen = alive
+        if sum(spent.values()) > self.scan_budget_s:
+            if fresh:
+                self.listen_inodes = None    # port matches were cut short: redo them next scan
+            self._warn_over_budget(spent, waiting)
         for procs in found.values():
             for pid in procs.tgids:
                 procs.tids |= threads(pid)
@@ -210,3 +276,17 @@ class Targeting:
                     self.pid_ports[pid] = listening_ports(pid)
                 procs.listen_ports |= self.pid_ports[pid]
         return found
+
+    def _warn_over_budget(self, spent: dict[str, float], waiting: int) -> None:
+        """Name the service whose matching took longest, once."""
+        name = max(spent, key=spent.get)
+        if name in self.over_budget:
+            return
+        self.over_budget.add(name)
+        fix = (" Its cmdline pattern reads command lines any local user can write: give it user, "
+               "systemd_unit or cgroup as well (checked first, so the pattern reads only its own "
+               "processes), or a pattern that does not backtrack."
+               if self.patterns.get(name) is not None else "")
+        log.warning("service %s: matching its processes took %.2f s of one scan (budget %.2f s); "
+                    "%d new processes wait for the next scans.%s",
+                    name, spent[name], self.scan_budget_s, waiting, fix)
