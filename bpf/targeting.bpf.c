@@ -11,7 +11,8 @@ int on_process_fork(struct tracepoint__sched__sched_process_fork *args)
         return 0;
     u32 child = args->child_pid;
     u32 id = *service;
-    watched.update(&child, &id);
+    if (watched.update(&child, &id))
+        map_full_add(MAP_WATCHED);   /* full: the child goes unwatched */
     u32 slot = child & (HINT_SLOTS - 1), one = 1;
     watched_hint.update(&slot, &one);
     return 0;

@@ -57,11 +57,11 @@ def spawn():
 
 @pytest.fixture
 def kernel(root_only):
-    """kernel(services, families=None) -> a started KernelCollector, closed at teardown."""
+    """kernel(services, families=None, map_entries=None) -> a started KernelCollector, closed at teardown."""
     made = []
 
-    def start(services, families=None):
-        c = KernelCollector(families)
+    def start(services, families=None, map_entries=None):
+        c = KernelCollector(families, map_entries)
         made.append(c)
         c.start(services)
         assert c.up, c.start_error

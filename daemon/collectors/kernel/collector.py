@@ -1,6 +1,10 @@
 """The kernel collector: finds the services' tasks, loads every probe family as
 one BPF object, and each interval turns the kernel's cumulative maps into one
-Sample of deltas per service. close() detaches everything and is idempotent."""
+Sample of deltas per service. collect() never raises: a map it cannot read keeps
+its last value (its deltas come with the next interval that reads it), each kind
+of failure is logged once. Inserts a full map refused, the kernel's and its own
+into `watched`, are counted in slotune_bpf_map_full_total{map}. close() detaches
+everything and is idempotent."""
 from __future__ import annotations
 
 import ctypes
@@ -9,8 +13,9 @@ import os
 
 from daemon.model.sample import Sample
 from daemon.collectors.kernel.families import SIGNAL_NAMES, make_families
+from daemon.collectors.kernel.map_full import MapFull
 from daemon.collectors.kernel.maps import U32, items
-from daemon.collectors.kernel.program import HINT_SLOTS, Program
+from daemon.collectors.kernel.program import HINT_SLOTS, MAP_ENTRIES, Program
 from daemon.model.histogram import Histogram
 from daemon.model.service import ServiceSpec
 from daemon.collectors.kernel.targeting import ServiceProcesses, Targeting
@@ -22,8 +27,10 @@ class KernelCollector:
     """Collector protocol (daemon/collectors/base.py) over the bpf/ programs."""
     name = "kernel"
 
-    def __init__(self, families: list[str] | None = None):
+    def __init__(self, families: list[str] | None = None, map_entries: dict[str, int] | None = None):
         self.families = make_families(families)
+        self.map_entries = {**MAP_ENTRIES, **(map_entries or {})}   # map name -> entries
+        self.map_full = MapFull(self.map_entries)
         self.family_of = {s.name: f for f in self.families for s in f.signals}   # signal -> family
         self.program: Program | None = None
         self.targeting: Targeting | None = None
@@ -32,6 +39,7 @@ class KernelCollector:
         self.last: tuple[dict, dict, dict] = ({}, {}, {})
         self.start_error = ""
         self.hinted: set[int] = set()             # watched_hint slots we set
+        self.failed: set[str] = set()             # kinds of failure already logged
 
     @property
     def up(self) -> bool:
@@ -48,20 +56,20 @@ class KernelCollector:
         return self.attached
 
     def metric_families(self):
-        return ()
+        return (self.map_full,)
 
     def start(self, services: list[ServiceSpec]) -> None:
         self.targeting = Targeting(services)   # bad declarations raise here, with the fix
         self._assign_ids(services)
         try:
-            self.program = Program(self.families)
+            self.program = Program(self.families, self.map_entries)
         except Exception as exc:
             self.start_error = str(exc)
             log.error("kernel probes could not load (%s); run `slotune doctor` for the fix", exc)
             return
         self.program.attach_tracepoints()
         self.refresh()
-        self.last = self.program.read()
+        self.last = self._read()
 
     def update_services(self, services: list[ServiceSpec]) -> None:
         if self.targeting is None:
@@ -86,7 +94,10 @@ class KernelCollector:
         present = dict(items(watched))
         for tid, sid in wanted.items():
             if present.get(tid) != sid:
-                watched[U32(tid)] = U32(sid)
+                try:
+                    watched[U32(tid)] = U32(sid)
+                except Exception:   # BCC raises bare Exception; in practice the map is full
+                    self.map_full.user("watched")
         kept = set(wanted)
         for tid, sid in present.items():
             # Tasks the kernel added at fork stay while they live and their service exists.
@@ -99,7 +110,7 @@ class KernelCollector:
                 kept.add(tid)
         self._update_hints(kept)
         for family in self.families:
-            family.refresh(self.program, self.targets, self.service_ids)
+            self._try(f"{family.name} refresh", None, family.refresh, self.program, self.targets, self.service_ids)
 
     def _update_hints(self, tids: set[int]) -> None:
         """Set the watched_hint slots of these tids, clear the ones no longer needed
@@ -115,11 +126,31 @@ class KernelCollector:
     def collect(self, start: float, end: float) -> list[Sample]:
         if self.program is None:
             return []
-        now = self.program.read()
-        samples = self.samples(start, end, self.last, now)
+        now = self._read()
+        samples = self._try("samples", [], self.samples, start, end, self.last, now)
         self.last = now
-        self.refresh()
+        self._try("map_full read", None, lambda: self.map_full.kernel(self.program.map_full()))
+        self._try("refresh", None, self.refresh)
         return samples
+
+    def _read(self) -> tuple[dict, dict, dict]:
+        """Cumulative (hists, sums, counts); hists and sums are read as a pair (a
+        histogram needs both), a part that cannot be read keeps its last value."""
+        hists, sums, counts = self.last
+        hists, sums = self._try("histograms read", (hists, sums), self.program.histograms)
+        counts = self._try("counters read", counts, self.program.counters)
+        return hists, sums, counts
+
+    def _try(self, kind: str, fallback, fn, *args):
+        """fn(*args), or `fallback` when it raises: logged the first time for this kind."""
+        try:
+            return fn(*args)
+        except Exception:
+            if kind not in self.failed:
+                self.failed.add(kind)
+                log.exception("kernel collector: %s failed; the interval keeps what it could and the "
+                              "collector goes on (said once)", kind)
+            return fallback
 
     def samples(self, start: float, end: float, before, now) -> list[Sample]:
         names = {sid: name for name, sid in self.service_ids.items() if name in self.targets}
