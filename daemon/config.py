@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from daemon.collectors.kernel.families import FAMILIES
+from daemon.collectors.kernel.program import MAP_ENTRIES, MAP_ENTRIES_RANGE
 from daemon.model.service import ServiceSpec
 
 DEFAULT_PATH = Path("/etc/slotune/slotune.toml")
@@ -80,6 +81,7 @@ class Config:
     dry_run: bool = False
     prometheus_url: str = ""
     probes: tuple[str, ...] = PROBE_FAMILIES
+    bpf_map_entries: dict[str, int] = field(default_factory=lambda: dict(MAP_ENTRIES))   # BPF map -> size
     services: tuple[ServiceConf, ...] = ()
 
     def service(self, name: str) -> ServiceConf:
@@ -262,6 +264,15 @@ def _settings(file, r: _Reader) -> dict[str, Bounds]:
     return out
 
 
+def _map_entries(file: Path, r: _Reader) -> dict[str, int]:
+    """daemon.bpf_map_entries: entries per shared BPF map; a map not named keeps its default."""
+    for name in r.table:
+        if name not in MAP_ENTRIES:
+            raise ConfigError(file, r.key(name), f"no BPF map {name!r}; known: {', '.join(MAP_ENTRIES)}")
+    lo, hi = MAP_ENTRIES_RANGE
+    return {name: r.get(name, int, default, lo=lo, hi=hi) for name, default in MAP_ENTRIES.items()}
+
+
 def load(path: str | Path = DEFAULT_PATH) -> Config:
     path = Path(path)
     try:
@@ -299,6 +310,7 @@ def load(path: str | Path = DEFAULT_PATH) -> Config:
         dry_run=d.get("dry_run", bool, False),
         prometheus_url=d.get("prometheus_url", str, ""),
         probes=probes,
+        bpf_map_entries=_map_entries(path, d.table_of("bpf_map_entries")),
     )
     d.done()
     services_table = top.table_of("services")

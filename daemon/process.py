@@ -37,7 +37,8 @@ STORE_BUSY_S = 0.5         # a locked baseline store costs a tick at most this l
 HISTORY_S = 600.0          # windows kept per service (attribution horizon and tuners' look-back)
 MAX_FAILED_INTERVALS = 30  # this many failing intervals in a row end the process
 # Keys read only when the daemon starts; a reload that changes one is refused.
-RESTART_ONLY = ("exporter_address", "audit_log", "baseline_store", "collect_interval_s", "probes")
+RESTART_ONLY = ("exporter_address", "audit_log", "baseline_store", "collect_interval_s", "probes",
+                "bpf_map_entries")
 
 
 class Daemon:
@@ -70,7 +71,7 @@ class Daemon:
     @staticmethod
     def _default_collectors(cfg):
         """The service's own metrics, the kernel probes, and the GPUs the services' processes use."""
-        kernel = KernelCollector(list(cfg.probes))
+        kernel = KernelCollector(list(cfg.probes), cfg.bpf_map_entries)
 
         def pids_of(service: str) -> set[int]:
             procs = kernel.targets.get(service)

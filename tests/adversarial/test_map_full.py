@@ -1,0 +1,124 @@
+"""Full BPF maps drop entries, and slotune says so: with every shared map shrunk
+to 64 entries, a watched worker that sleeps 160 different durations (far more
+histogram slots than 64) and holds 200 forked children at once overflows `hists`
+(in the kernel) and `watched` (at fork, in the kernel, and at the daemon's own
+rescan); the collector stays up, collect() never raises, and
+slotune_bpf_map_full_total{map} counts the drops, said once per map in the log.
+With the default sizes the same workload drops nothing. The sizes come from
+daemon.bpf_map_entries, which refuses unknown maps and sizes out of range."""
+import logging
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from daemon import config
+from daemon.collectors.kernel.program import MAP_ENTRIES, program_text
+from daemon.process import Daemon
+from daemon.model.service import ServiceSpec
+from tests.probes.conftest import collected, kernel, spawn, tag  # noqa: F401 (fixtures)
+
+SHRUNK = dict.fromkeys(MAP_ENTRIES, 64)
+SLEEPS, CHILDREN = 160, 200
+FAMILIES = ["offcpu", "runqueue"]
+
+
+def map_full(collector) -> dict[str, float]:
+    """slotune_bpf_map_full_total per map, as /metrics shows it."""
+    registry = CollectorRegistry()
+    for extra in collector.metric_families():
+        registry.register(extra)
+    text = generate_latest(registry).decode()
+    return {s.labels["map"]: s.value for f in text_string_to_metric_families(text)
+            for s in f.samples if s.name == "slotune_bpf_map_full_total"}
+
+
+def run_workload(collector, worker) -> None:
+    """go (sleeps, forks), an interval while the children live, release, an interval."""
+    assert worker.stdout.readline().strip() == "ready"
+    collector.refresh()
+    collected(collector)
+    worker.stdin.write("go\n")
+    worker.stdin.flush()
+    assert worker.stdout.readline().strip() == "forked"
+    assert "spreader" in collected(collector)   # the daemon's rescan finds all 201 processes
+    worker.stdin.write("release\n")
+    worker.stdin.flush()
+    assert worker.stdout.readline().strip() == "done"
+    assert "spreader" in collected(collector)
+
+
+@pytest.mark.kernel
+def test_full_maps_are_counted_and_said_once_and_the_collector_goes_on(kernel, spawn, tag, caplog):
+    collector = kernel([ServiceSpec("spreader", cmdline=f"spreader.py {tag}")], FAMILIES, SHRUNK)
+    worker = spawn("spreader", tag, SLEEPS, CHILDREN)
+    with caplog.at_level(logging.WARNING, logger="daemon.collectors.kernel.map_full"):
+        run_workload(collector, worker)
+        for _ in range(3):
+            collected(collector)
+    assert collector.up
+    full = map_full(collector)
+    assert set(full) == set(MAP_ENTRIES)
+    assert full["hists"] > 0 and full["watched"] > 0, full
+    # The daemon's own refused inserts into `watched` count beside the kernel's.
+    assert full["watched"] > collector.program.map_full()["watched"] > 0
+    said = [r.getMessage() for r in caplog.records]
+    for name in ("hists", "watched"):
+        lines = [m for m in said if m.startswith(f"BPF map {name} is full")]
+        assert len(lines) == 1, said
+        assert "(64 entries)" in lines[0] and f"daemon.bpf_map_entries.{name}" in lines[0]
+
+
+@pytest.mark.kernel
+def test_default_sizes_drop_nothing_under_the_same_workload(kernel, spawn, tag):
+    collector = kernel([ServiceSpec("spreader", cmdline=f"spreader.py {tag}")], FAMILIES)
+    run_workload(collector, spawn("spreader", tag, SLEEPS, CHILDREN))
+    assert map_full(collector) == dict.fromkeys(MAP_ENTRIES, 0.0)
+
+
+def test_the_sizes_reach_the_generated_defines():
+    text = program_text([], {"hists": 64, "watched": 128})
+    assert "#define MAX_HISTS 64\n" in text and "#define MAX_WATCHED 128\n" in text
+    assert f"#define MAX_SUMS {MAP_ENTRIES['sums']}\n" in text
+
+
+MINIMAL = "[services.api]\ncmdline = 'myapi'\n"
+
+
+def test_the_config_key_sets_some_sizes_and_keeps_the_defaults_of_the_rest(tmp_path):
+    path = tmp_path / "slotune.toml"
+    path.write_text("[daemon]\nbpf_map_entries = { hists = 131072 }\n" + MINIMAL)
+    assert config.load(path).bpf_map_entries == {**MAP_ENTRIES, "hists": 131072}
+    path.write_text(MINIMAL)
+    assert config.load(path).bpf_map_entries == MAP_ENTRIES
+
+
+def test_the_daemon_builds_its_kernel_collector_with_the_sizes_and_keeps_them_on_reload(tmp_path):
+    path = tmp_path / "slotune.toml"
+    head = f"[daemon]\nbaseline_store = '{tmp_path}/b.sqlite'\naudit_log = '{tmp_path}/audit.jsonl'\n"
+    path.write_text(head + "bpf_map_entries = { watched = 128 }\n" + MINIMAL)
+    daemon = Daemon(config.load(path))
+    try:
+        kernel_collector = next(c for c in daemon.collectors if c.name == "kernel")
+        assert kernel_collector.map_entries == {**MAP_ENTRIES, "watched": 128}
+        assert 'slotune_bpf_map_full_total{map="watched"} 0.0' in generate_latest(daemon.registry).decode()
+        path.write_text(head + "bpf_map_entries = { watched = 256 }\n" + MINIMAL)
+        assert not daemon.reload() and daemon.cfg.bpf_map_entries["watched"] == 128
+    finally:
+        daemon.close()
+
+
+@pytest.mark.parametrize("value, key, reason", [
+    ("{ buckets = 1024 }", "daemon.bpf_map_entries.buckets", "no BPF map 'buckets'; known: hists, sums"),
+    ("{ hists = 0 }", "daemon.bpf_map_entries.hists", "outside 64..4194304"),
+    ("{ watched = 8388608 }", "daemon.bpf_map_entries.watched", "outside 64..4194304"),
+    ("{ sums = 1024.0 }", "daemon.bpf_map_entries.sums", "must be int"),
+    ("{ counts = true }", "daemon.bpf_map_entries.counts", "must be int"),
+    ("4096", "daemon.bpf_map_entries", "must be a table"),
+])
+def test_a_bad_size_is_refused_naming_the_key(tmp_path, value, key, reason):
+    path = tmp_path / "slotune.toml"
+    path.write_text(f"[daemon]\nbpf_map_entries = {value}\n" + MINIMAL)
+    with pytest.raises(config.ConfigError) as err:
+        config.load(path)
+    assert err.value.key == key and reason in err.value.reason
