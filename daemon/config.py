@@ -76,6 +76,7 @@ class Config:
     baseline_store: str = "/var/lib/slotune/baselines.sqlite"
     baseline_retention_days: float = 35.0     # points older than this are pruned (drift reads 7 days)
     audit_log: str = "/var/lib/slotune/audit.jsonl"
+    state_file: str = "/var/lib/slotune/state.json"   # the guards' memory across restarts
     environment: str = "production"
     deploy_id: str = "unknown"
     dry_run: bool = False
@@ -304,7 +305,8 @@ def load(path: str | Path = DEFAULT_PATH) -> Config:
         exporter_address=exporter,
         baseline_store=d.get("baseline_store", str, Config.baseline_store, nonempty=True),
         baseline_retention_days=d.get("baseline_retention_days", float, 35.0, lo=1.0, hi=3650.0),
-        audit_log=d.get("audit_log", str, Config.audit_log),
+        audit_log=d.get("audit_log", str, Config.audit_log, nonempty=True),
+        state_file=d.get("state_file", str, Config.state_file, nonempty=True),
         environment=d.get("environment", str, "production", nonempty=True),
         deploy_id=d.get("deploy_id", str, "") or os.environ.get("SLOTUNE_DEPLOY_ID", "unknown"),
         dry_run=d.get("dry_run", bool, False),

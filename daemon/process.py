@@ -22,6 +22,7 @@ from daemon.collectors.kernel.targeting import Targeting
 from daemon.collectors.service_metrics import ServiceMetricsCollector
 from daemon.control.actuators import for_control
 from daemon.control.audit import AuditLog
+from daemon.control.guard_state import GuardFile
 from daemon.control.loop import ControlLoop
 from daemon.export.loop_metrics import LoopMetrics, LoopView
 from daemon.export.samples import SampleExporter
@@ -37,12 +38,12 @@ STORE_BUSY_S = 0.5         # a locked baseline store costs a tick at most this l
 HISTORY_S = 600.0          # windows kept per service (attribution horizon and tuners' look-back)
 MAX_FAILED_INTERVALS = 30  # this many failing intervals in a row end the process
 # Keys read only when the daemon starts; a reload that changes one is refused.
-RESTART_ONLY = ("exporter_address", "audit_log", "baseline_store", "collect_interval_s", "probes",
+RESTART_ONLY = ("exporter_address", "audit_log", "baseline_store", "state_file", "collect_interval_s", "probes",
                 "bpf_map_entries")
 
 
 class Daemon:
-    def __init__(self, cfg: config_mod.Config, dry_run: bool = False, collectors=None):
+    def __init__(self, cfg: config_mod.Config, dry_run: bool = False, collectors=None, restore_on_exit=False):
         self.cfg, self.forced_dry_run, self.dry_run = cfg, dry_run, dry_run or cfg.dry_run
         self.metrics = LoopMetrics()
         self.exporter = SampleExporter()
@@ -58,7 +59,11 @@ class Daemon:
         self.store = BaselineStore(cfg.baseline_store, busy_timeout_s=STORE_BUSY_S)
         self.recorder = BaselineRecorder(self.store, cfg.environment, cfg.deploy_id, cfg.baseline_retention_days)
         self.registry.register(self.recorder)
-        self.control = ControlLoop(cfg, self._actuators(cfg), self.audit, self.dry_run, self.recorder.baseline)
+        self.guard_file = GuardFile(cfg.state_file)
+        self.control = ControlLoop(cfg, self._actuators(cfg), self.audit, self.dry_run, self.recorder.baseline,
+                                   self.guard_file.load())
+        self.restore_on_exit = restore_on_exit
+        self.state_errors = 0
         self.stop_event = threading.Event()
         self.reload_requested = False
         self.server: MetricsServer | None = None
@@ -103,6 +108,11 @@ class Daemon:
 
     def close(self) -> None:
         sdnotify.stopping()
+        if self.restore_on_exit:
+            with self.lock:
+                restored = self.control.restore(time.time())
+                self._save_guards()
+            log.info("restore on exit: %d setting(s) put back", len(restored))
         for c in self.collectors:
             try:
                 c.close()
@@ -176,6 +186,7 @@ class Daemon:
                             else "off: decisions are pushed again")
             self.dry_run = self.control.dry_run = dry_run
             self.recorder.environment, self.recorder.deploy_id = new.environment, new.deploy_id
+            self.audit.reopen()
             self.recorder.retention_s = new.baseline_retention_days * 86400.0
             self.cfg = new
             specs = [s.spec for s in new.services]
@@ -213,18 +224,33 @@ class Daemon:
             interval = Interval(start, end, {name: tuple(self.history[name]) for name in names})
             explained = attribution.explain_all(interval.history, attribution.call_graph(self.cfg.services),
                                                 now=end)
-            entries = self.control.tick(end, {k: list(v) for k, v in interval.history.items()})
+            entries = self.control.tick(interval)
+            if entries:
+                self._save_guards()
             view = self._view(explained)
             self.metrics.observe(built, entries, view)
             self.recorder.record(interval, names)
             self.shown = self._status(interval, view)
+
+    def _save_guards(self) -> None:
+        try:
+            self.guard_file.save(self.control.guards())
+        except OSError as exc:
+            if not self.state_errors:
+                log.error("cannot save the guards' state to %s (%s): a restart now would forget pending "
+                          "judgements and holds; fix: free space or permissions there, or set daemon.state_file",
+                          self.guard_file.path, exc)
+            self.state_errors += 1
 
     def _view(self, explained: dict) -> LoopView:
         settings, reachable = {}, {}
         for name, sc in self.control.services.items():
             reachable[name] = sc.control_ok
             settings.update({(name, k): v for k, v in sc.settings.items() if k in sc.conf.settings})
-        return LoopView(settings, reachable, dict(explained), dict(self.control.drift))
+        owed = {(name, p.setting) for name, sc in self.control.services.items() for p in sc.guard.pending
+                if p.rollback}
+        return LoopView(settings, reachable, dict(explained), dict(self.control.drift), owed,
+                        self.control.audit_failures)
 
     def _report_health(self) -> None:
         for c in self.collectors:

@@ -10,6 +10,7 @@ from daemon.control.actuators.file import FileActuator
 from daemon.control.actuators.http_json import HttpJsonActuator
 from daemon.control.audit import AuditLog, Outcome
 from daemon.config import Bounds, Config, Control, ServiceConf, TunerConf
+from daemon.model.interval import Interval
 from daemon.control.loop import ControlLoop, guarded
 from daemon.model.histogram import Histogram
 from daemon.model.service import ServiceSpec
@@ -54,7 +55,7 @@ def test_guard_limits_the_step_then_the_bounds():
 
 def test_overload_pushes_the_whitepaper_decrease_within_the_largest_step(tmp_path):
     control, path, audit = loop(tmp_path, max_step=5.0)
-    entries = control.tick(1.0, {"api": [window(1.0, 0.5)]})
+    entries = control.tick(Interval.at(1.0, {"api": [window(1.0, 0.5)]}))
     assert [e.outcome for e in entries] == ["pushed"]
     assert pushed(path) == 95.0           # tuner wanted 90 (x0.9), the step allows 5
     assert "tuner wanted 90" in entries[0].reason
@@ -64,25 +65,25 @@ def test_overload_pushes_the_whitepaper_decrease_within_the_largest_step(tmp_pat
 
 def test_dry_run_decides_and_audits_but_never_writes(tmp_path):
     control, path, audit = loop(tmp_path, dry_run=True)
-    entries = control.tick(1.0, {"api": [window(1.0, 0.5)]})
+    entries = control.tick(Interval.at(1.0, {"api": [window(1.0, 0.5)]}))
     assert [e.outcome for e in entries] == ["dry-run"] and entries[0].new == 90.0
     assert pushed(path) == 100.0
 
 
 def test_at_most_one_change_per_setting_per_interval(tmp_path):
     control, path, _ = loop(tmp_path)
-    control.tick(1.0, {"api": [window(1.0, 0.5)]})
-    assert control.tick(1.5, {"api": [window(1.0, 0.5), window(1.5, 0.5)]}) == []
+    control.tick(Interval.at(1.0, {"api": [window(1.0, 0.5)]}))
+    assert control.tick(Interval.at(1.5, {"api": [window(1.0, 0.5), window(1.5, 0.5)]})) == []
     assert pushed(path) == 90.0
 
 
 def test_a_change_that_makes_p99_worse_at_the_same_load_is_rolled_back(tmp_path):
     control, path, audit = loop(tmp_path)
     history = [window(1.0, 0.1)]
-    first = control.tick(1.0, {"api": history})
+    first = control.tick(Interval.at(1.0, {"api": history}))
     assert pushed(path) == pytest.approx(110.0) and first[0].outcome == "pushed"   # P99 under SLO: x1.1
     history.append(window(2.0, 0.5))                                  # worse, same load
-    entries = control.tick(2.0, {"api": history})
+    entries = control.tick(Interval.at(2.0, {"api": history}))
     outcomes = [e.outcome for e in entries]
     assert outcomes[0] == "rolled back" and pushed(path) == 100.0
     assert (Outcome.HELD, "rolled back recently") in [(e.outcome, e.detail) for e in entries[1:]]
@@ -91,9 +92,9 @@ def test_a_change_that_makes_p99_worse_at_the_same_load_is_rolled_back(tmp_path)
 def test_a_worse_p99_under_a_much_higher_load_is_not_blamed_on_the_change(tmp_path):
     control, path, _ = loop(tmp_path)
     history = [window(1.0, 0.1, n=100)]
-    control.tick(1.0, {"api": history})
+    control.tick(Interval.at(1.0, {"api": history}))
     history.append(window(2.0, 0.5, n=300))
-    entries = control.tick(2.0, {"api": history})
+    entries = control.tick(Interval.at(2.0, {"api": history}))
     assert "rolled back" not in [e.outcome for e in entries]
 
 
@@ -105,10 +106,10 @@ def test_control_surface_down_means_observe_only_with_back_off():
     control = ControlLoop(Config(path="t", services=(conf,)),
                           {"api": HttpJsonActuator(conf.control.url, settings_key="settings")},
                           AuditLog(None), dry_run=False)
-    assert control.tick(1.0, {"api": [window(1.0, 0.5)]}) == []
+    assert control.tick(Interval.at(1.0, {"api": [window(1.0, 0.5)]})) == []
     sc = control.services["api"]
     assert not sc.reachable and sc.retry_at == pytest.approx(2.0)
-    control.tick(2.0, {"api": [window(2.0, 0.5)]})
+    control.tick(Interval.at(2.0, {"api": [window(2.0, 0.5)]}))
     assert sc.retry_at == pytest.approx(4.0)     # 1 s, then 2 s, doubling to 60 s
 
 
@@ -118,18 +119,18 @@ def test_a_tuner_that_cannot_run_on_a_service_stops_alone_and_says_why(tmp_path)
     conf = service_conf(path)
     audit = AuditLog(tmp_path / "audit.jsonl")
     control = ControlLoop(Config(path="t", services=(conf,)), {"api": FileActuator(str(path))}, audit, False)
-    entries = control.tick(1.0, {"api": [window(1.0, 0.5)]})
+    entries = control.tick(Interval.at(1.0, {"api": [window(1.0, 0.5)]}))
     assert (entries[0].outcome, entries[0].detail) == (Outcome.REFUSED, "tuner stopped")
     assert "rate_limit_rps" in entries[0].reason
-    assert control.tick(3.0, {"api": [window(3.0, 0.5)]}) == []
+    assert control.tick(Interval.at(3.0, {"api": [window(3.0, 0.5)]})) == []
 
 
 def test_the_audit_log_keeps_the_outcome_words_its_readers_match_and_the_detail_beside(tmp_path):
     control, path, audit = loop(tmp_path)
     history = [window(1.0, 0.1)]
-    control.tick(1.0, {"api": history})
+    control.tick(Interval.at(1.0, {"api": history}))
     history.append(window(2.0, 0.5))
-    control.tick(2.0, {"api": history})
+    control.tick(Interval.at(2.0, {"api": history}))
     lines = [json.loads(l) for l in (tmp_path / "audit.jsonl").read_text().splitlines()]
     assert [(l["outcome"], l["detail"]) for l in lines] == [
         ("pushed", ""), ("rolled back", ""), ("held", "rolled back recently")]
@@ -181,7 +182,7 @@ def test_the_config_takes_the_budget_tuner_and_the_loop_pushes_the_split_slo_as_
     control, cfg, path = budget_loop(tmp_path, "whitepaper")
     assert cfg.service("gateway").tuners[0].options == {"gateway_slo_ms": 100.0, "tool_slo_ms": 300.0,
                                                         "llm_slo_ms": 400.0}
-    entries = control.tick(10.0, {"gateway": [gateway_window(10.0, np.random.default_rng(1))]})
+    entries = control.tick(Interval.at(10.0, {"gateway": [gateway_window(10.0, np.random.default_rng(1))]}))
     assert {e.setting: (e.outcome, e.new) for e in entries} == {
         "tool_timeout_ms": (Outcome.PUSHED, pytest.approx(300.0)),    # 300 / (100 + 300 + 400) of 800 ms
         "llm_timeout_ms": (Outcome.PUSHED, pytest.approx(400.0))}
@@ -192,7 +193,7 @@ def test_the_config_takes_the_budget_tuner_and_the_loop_pushes_the_split_slo_as_
 def test_slotune_budgets_follow_the_measured_hops_and_leave_the_gateway_its_share(tmp_path):
     control, _, path = budget_loop(tmp_path, "slotune")
     rng = np.random.default_rng(2)
-    control.tick(10.0, {"gateway": [gateway_window(t, rng) for t in range(1, 11)]})
+    control.tick(Interval.at(10.0, {"gateway": [gateway_window(t, rng) for t in range(1, 11)]}))
     pushed = json.loads(path.read_text())
     p99_ms = {"tools": 100 * np.exp(0.4 * 2.326), "llm": 300 * np.exp(0.2 * 2.326)}   # 253 and 477
     assert pushed["tool_timeout_ms"] > p99_ms["tools"] and pushed["llm_timeout_ms"] > p99_ms["llm"]

@@ -3,7 +3,7 @@ and the small helpers the policies use. Nothing here does I/O or reads a clock."
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 
@@ -23,6 +23,23 @@ class Policy:
     summary: str
     initial_state: Callable[[Mapping[str, float]], Any]
     decide: Callable[[Any, Any], tuple[Any, Decision]]
+    # setting -> the state's field that holds it ("breaker.threshold" reaches into a nested state):
+    # resync() writes the values actually in force there before each decision.
+    fields: Mapping[str, str] = field(default_factory=dict)
+
+    def resync(self, state: Any, settings: Mapping[str, float]) -> Any:
+        """The state steering from the settings in force, not from what it last wanted
+        (a guard may have clipped it, a hold or a rollback kept the old value, or a dry
+        run never pushed it): no wind-up."""
+        for setting, path in self.fields.items():
+            if setting in settings and math.isfinite(settings[setting]):
+                state = _replace_path(state, path.split("."), float(settings[setting]))
+        return state
+
+
+def _replace_path(state: Any, path: list[str], value: float) -> Any:
+    head, *rest = path
+    return replace(state, **{head: _replace_path(getattr(state, head), rest, value) if rest else value})
 
 
 def clamp(value: float, low: float, high: float) -> float:

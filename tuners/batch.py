@@ -192,12 +192,16 @@ def _move_fit(state: FitState, size: float, why: str, delay_ms: float = 0.0):
     return replace(state, size=size, delay_ms=delay_ms), Decision(changes, why)
 
 
+
+# The state's field that holds each setting (Policy.resync writes the value in force there).
+SIZES_FIELDS = {"max_batch_size": "size", "max_queue_delay_ms": "delay_ms"}
+
 POLICIES = {
     "slotune": Policy("slotune", "fit a + c*b, largest b whose 2(a+cb) fits the SLO (none if batch times are too spread); wait a/2 to fill while slow batches miss it",
-                      _fit_init, _slotune_decide),
+                      _fit_init, _slotune_decide, fields=SIZES_FIELDS),
     "whitepaper": Policy("whitepaper", "b = ((0.8*SLO - 8.3)/(2.1*1.28))^2, 1..128, every 30 s",
-                         _size_init, _wp_decide),
-    "clipper_aimd": Policy("clipper_aimd", "Clipper: +2 while batch time <= SLO, x0.9 after", _size_init, _clipper_decide),
+                         _size_init, _wp_decide, fields=SIZES_FIELDS),
+    "clipper_aimd": Policy("clipper_aimd", "Clipper: +2 while batch time <= SLO, x0.9 after", _size_init, _clipper_decide, fields=SIZES_FIELDS),
     "triton": Policy("triton", "Triton advice: double b until P99 breaks the budget, keep the last good",
-                     _size_init, _triton_decide),
+                     _size_init, _triton_decide, fields=SIZES_FIELDS),
 }

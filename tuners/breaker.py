@@ -136,13 +136,18 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
     return _push(state.breaker, new, why, SlotuneState(new, calls, fails, obs.breaker_open))
 
 
+
+# The state's field that holds each setting (Policy.resync writes the value in force there).
+OWN_FIELDS = dict(zip(NAMES, ("threshold", "consecutive", "open_s")))
+NESTED_FIELDS = {name: "breaker." + path for name, path in OWN_FIELDS.items()}
+
 POLICIES = {
     "slotune": Policy("slotune", "50 % or a statistically rare failure run; probe after 1 s, doubling to sqrt(2*60 s/rate)",
-                      _slotune_init, _slotune_decide),
+                      _slotune_init, _slotune_decide, fields=NESTED_FIELDS),
     "whitepaper": Policy("whitepaper", "max(0.3 %, 0.8 x 5 min failure rate) after 3 samples > 0.25 %",
-                         _wp_init, _wp_decide),
+                         _wp_init, _wp_decide, fields=NESTED_FIELDS),
     "pybreaker": Policy("pybreaker", "pybreaker defaults: 5 failures in a row, 60 s reset timeout",
-                        _init, _fixed(2.0, 5.0, 60.0, "pybreaker: fail_max 5, reset_timeout 60 s")),
+                        _init, _fixed(2.0, 5.0, 60.0, "pybreaker: fail_max 5, reset_timeout 60 s"), fields=OWN_FIELDS),
     "resilience4j": Policy("resilience4j", "resilience4j defaults: 50 % failure rate, 60 s open",
-                           _init, _fixed(0.5, 0.0, 60.0, "resilience4j: failureRateThreshold 50, wait 60 s")),
+                           _init, _fixed(0.5, 0.0, 60.0, "resilience4j: failureRateThreshold 50, wait 60 s"), fields=OWN_FIELDS),
 }

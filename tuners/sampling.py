@@ -101,10 +101,15 @@ def _slotune_decide(state: BudgetState, obs: Observation):
     return BudgetState(rate, keep, trim), Decision(changes, why)
 
 
+
+# The state's field that holds each setting (Policy.resync writes the value in force there).
+RATE_FIELDS = {"trace_sample_rate": "rate"}
+BUDGET_FIELDS = {"trace_sample_rate": "rate", "trace_keep_slower_than_s": "keep_slower"}
+
 POLICIES = {
     "slotune": Policy("slotune", "keep errors and > P99, sample the rest to fill the traces/s budget",
-                      _slotune_init, _slotune_decide),
-    "whitepaper": Policy("whitepaper", "0.7*latency factor + 0.3*error factor, every second", _init, _wp_decide),
+                      _slotune_init, _slotune_decide, fields=BUDGET_FIELDS),
+    "whitepaper": Policy("whitepaper", "0.7*latency factor + 0.3*error factor, every second", _init, _wp_decide, fields=RATE_FIELDS),
     "jaeger": Policy("jaeger", "Jaeger adaptive: x target/actual every 60 s, +50 % cap, 30 % tolerance",
-                     _init, _jaeger_decide),
+                     _init, _jaeger_decide, fields=RATE_FIELDS),
 }

@@ -210,12 +210,17 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
     return SlotuneState(new), Decision(changed(state.limit, new, "concurrency_limit"), why)
 
 
+
+# The state's field that holds each setting (Policy.resync writes the value in force there).
+LIMIT_FIELDS = {"concurrency_limit": "limit"}
+RATE_FIELDS = {"rate_limit_rps": "rate"}
+
 POLICIES = {
     "slotune": Policy("slotune", "concurrency limit steered by queue-wait P99 vs the SLO left after service time",
-                      _slotune_init, _slotune_decide),
-    "whitepaper": Policy("whitepaper", "rate x0.9 if P99 > SLO else x1.1, every second", _wp_init, _wp_decide),
-    "gradient2": Policy("gradient2", "Netflix Gradient2Limit, published defaults", _g2_init, _g2_decide),
-    "vegas": Policy("vegas", "Netflix VegasLimit, published defaults", _vegas_init, _vegas_decide),
+                      _slotune_init, _slotune_decide, fields=LIMIT_FIELDS),
+    "whitepaper": Policy("whitepaper", "rate x0.9 if P99 > SLO else x1.1, every second", _wp_init, _wp_decide, fields=RATE_FIELDS),
+    "gradient2": Policy("gradient2", "Netflix Gradient2Limit, published defaults", _g2_init, _g2_decide, fields=LIMIT_FIELDS),
+    "vegas": Policy("vegas", "Netflix VegasLimit, published defaults", _vegas_init, _vegas_decide, fields=LIMIT_FIELDS),
     "envoy": Policy("envoy", "Envoy adaptive concurrency gradient controller, published defaults",
-                    _envoy_init, _envoy_decide),
+                    _envoy_init, _envoy_decide, fields=LIMIT_FIELDS),
 }

@@ -17,6 +17,8 @@ EXAMPLES = """  slotune run --config /etc/slotune/slotune.toml
 def add_arguments(parser) -> None:
     parser.add_argument("--config", default=str(config.DEFAULT_PATH), help="TOML file (default: %(default)s)")
     parser.add_argument("--dry-run", action="store_true", help="compute and export decisions, push nothing")
+    parser.add_argument("--restore-on-exit", action="store_true",
+                        help="on a clean stop, put back the values in force before slotune first changed them")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
@@ -30,7 +32,7 @@ def run(args) -> int:
         return 2
     from daemon.process import Daemon
     try:
-        daemon = Daemon(cfg, dry_run=args.dry_run)
+        daemon = Daemon(cfg, dry_run=args.dry_run, restore_on_exit=args.restore_on_exit)
         daemon.handle_signals()
         daemon.start()
     except OSError as exc:

@@ -1,9 +1,18 @@
-"""The audit log: one JSON line per decision (what, old -> new, why, outcome and
-its detail), appended and flushed as it happens, and kept in memory for `slotune status`."""
+"""The audit log: one JSON line per setting of a decision (what, old -> new, why,
+outcome and its detail, and the decision it belongs to), written and fsynced
+before the push it describes, and kept in memory for `slotune status`. The
+lines of one decision go out in one write. If that push then fails, a line
+with the same decision follows: the last line of a decision says what became
+of it. SIGHUP reopens the file (logrotate: rotate, then `systemctl reload`;
+copytruncate is safe too, as every write appends)."""
 from __future__ import annotations
 
+import errno
+import itertools
 import json
 import logging
+import os
+import time
 from collections import deque
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -26,6 +35,7 @@ class Outcome(StrEnum):
     ROLLBACK_FAILED = "rollback failed"
     ALERT_RAISED = "alert raised"
     ALERT_CLEARED = "alert cleared"
+    RESTORED = "restored"               # put back at a clean stop (--restore-on-exit)
 
     @property
     def label(self) -> str:
@@ -43,33 +53,70 @@ class Entry:
     reason: str
     outcome: Outcome
     detail: str = ""   # why it came to that outcome: "rolled back recently", the push's error, ...
+    decision: str = ""  # the lines of one pushed decision share it
 
     def line(self) -> str:
         outcome = f"{self.outcome}: {self.detail}" if self.detail else self.outcome
         return f"{self.service}.{self.setting}: {self.old} -> {self.new} ({outcome}) because {self.reason}"
 
 
+class AuditError(OSError):
+    """The audit log cannot be written: what it would have recorded must not happen."""
+
+
 class AuditLog:
     def __init__(self, path: str | Path | None, keep: int = 200):
         self.path = Path(path) if path else None
         self.recent: deque[Entry] = deque(maxlen=keep)
-        if self.path:
+        self.fd: int | None = None
+        self._decisions = itertools.count(1)
+        self._run = f"{os.getpid()}.{int(time.time())}"
+        self.open()
+
+    def open(self) -> None:
+        """(Re)open the file for appending; a start-up failure names the key to fix."""
+        if not self.path:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        except OSError as exc:
+            raise OSError(f"cannot open the audit log {self.path}: {exc.strerror}; "
+                          "set daemon.audit_log to a writable path") from None
+        old, self.fd = self.fd, fd
+        if old is not None:
+            os.close(old)
+
+    def reopen(self) -> None:
+        """After a rotation (SIGHUP): the path may now name a new file. Keeps the old one on failure."""
+        try:
+            self.open()
+        except OSError as exc:
+            log.error("%s; still writing to the file opened before", exc)
+
+    def new_decision(self) -> str:
+        return f"{self._run}.{next(self._decisions)}"
+
+    def write_all(self, entries: list[Entry]) -> None:
+        """Append the entries in one write and fsync it; AuditError when that fails."""
+        if self.fd is not None and entries:
+            data = "".join(json.dumps(asdict(e)) + "\n" for e in entries).encode()
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self.file = self.path.open("a", buffering=1)
+                written = os.write(self.fd, data)
+                if written != len(data):
+                    raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes)")
+                os.fsync(self.fd)
             except OSError as exc:
-                raise OSError(f"cannot open the audit log {self.path}: {exc.strerror}; "
-                              "set daemon.audit_log to a writable path") from None
-        else:
-            self.file = None
+                raise AuditError(f"audit log {self.path} cannot be written ({exc.strerror or exc}); "
+                                 "free space there or set daemon.audit_log to a writable path") from None
+        for e in entries:
+            self.recent.append(e)
+            log.info("decision %s", e.line())
 
     def write(self, entry: Entry) -> None:
-        self.recent.append(entry)
-        log.info("decision %s", entry.line())
-        if self.file:
-            self.file.write(json.dumps(asdict(entry)) + "\n")
+        self.write_all([entry])
 
     def close(self) -> None:
-        if self.file:
-            self.file.close()
-            self.file = None
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None

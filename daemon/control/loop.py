@@ -1,20 +1,23 @@
 """The control loop: runs each service's tuners at their interval on the
-windows since their last decision, and pushes what they decide through the
-service's actuator behind the guards — bounds, largest step, one change per
-setting per interval, rollback when the SLO gets worse, back-off when the
-control surface is down, and dry-run. Every decision goes to the audit log."""
+Interval's windows since their last decision, and pushes what they decide
+through the service's actuator behind the guards — finite values only, bounds,
+largest step, one change per setting per interval, a decision pushed whole or
+not at all, rollback when the SLO gets worse (retried until it lands),
+back-off when the control surface is down, and dry-run. Every decision is in
+the audit log before it is pushed; the guards' memory survives a restart."""
 from __future__ import annotations
 
 import logging
 import math
 from dataclasses import dataclass, field, replace
 
+from daemon.config import Bounds, Config, ServiceConf
 from daemon.control import observations
 from daemon.control.actuators import Actuator, ActuatorError
-from daemon.control.audit import AuditLog, Entry, Outcome
+from daemon.control.audit import AuditError, AuditLog, Entry, Outcome
+from daemon.control.guard_state import GuardState
 from daemon.control.tuner_specs import SPECS, Alert
-from daemon.config import Bounds, Config, ServiceConf
-from daemon.model.window import Window, merged_latency
+from daemon.model.interval import Interval
 
 log = logging.getLogger(__name__)
 ROLLBACK_WORSE = 1.25      # P99 this much worse than before the change ...
@@ -33,57 +36,35 @@ def guarded(value: float, old: float | None, bounds: Bounds) -> float:
 
 
 @dataclass
-class Pending:
-    """A pushed change waiting to be judged against the windows before it."""
-    tuner: str
-    setting: str
-    old: float
-    new: float
-    t: float
-    interval_s: float
-    before_p99: float
-    before_load: float
-
-
-@dataclass
 class ServiceControl:
     conf: ServiceConf
     actuator: Actuator | None
-    settings: dict[str, float] = field(default_factory=dict)
+    guard: GuardState = field(default_factory=GuardState)   # what survives a restart
+    settings: dict[str, float] = field(default_factory=dict)  # in force, as last read back
     states: dict[str, object] = field(default_factory=dict)
     last_decision: dict[str, float] = field(default_factory=dict)
-    last_change: dict[str, float] = field(default_factory=dict)
-    held_until: dict[str, float] = field(default_factory=dict)
-    rollbacks: dict[str, int] = field(default_factory=dict)
     stopped: set[str] = field(default_factory=set)     # tuners that cannot run on this service
+    retry_at: float = 0.0
+    backoff_s: float = 1.0
+    reachable: bool = False
 
     @property
     def control_ok(self) -> bool:
         """False while the service has a control surface that does not answer."""
         return self.reachable or self.actuator is None
-    pending: list[Pending] = field(default_factory=list)
-    retry_at: float = 0.0
-    backoff_s: float = 1.0
-    reachable: bool = False
-
-
-def merged_p99(windows: list[Window]) -> tuple[float, float]:
-    """(P99 over the windows' latency merged, offered load in requests/s)."""
-    seconds = sum(w.seconds for w in windows)
-    offered = sum(w.requests + w.rejected for w in windows)
-    hist = merged_latency(windows)
-    p99 = hist.quantile(0.99) if hist is not None else math.nan
-    return p99, offered / seconds if seconds else 0.0
 
 
 class ControlLoop:
     def __init__(self, cfg: Config, actuators: dict[str, Actuator], audit: AuditLog, dry_run: bool,
-                 baseline_for=lambda service, since, until: None):
+                 baseline_for=lambda service, since, until: None, guards: dict[str, GuardState] | None = None):
         self.audit, self.dry_run = audit, dry_run
         self.baseline_for = baseline_for   # (service, since, until) -> tuners.drift.Baseline | None
-        self.services = {s.name: ServiceControl(s, actuators.get(s.name)) for s in cfg.services}
+        guards = guards or {}
+        self.services = {s.name: ServiceControl(s, actuators.get(s.name), guards.get(s.name, GuardState()))
+                         for s in cfg.services}
         # (service, metric) -> (change against the baseline, alert on) of the alert-only tuners
         self.drift: dict[tuple[str, str], tuple[float, bool]] = {}
+        self.audit_failures = 0
 
     def reconfigure(self, cfg: Config, actuators: dict[str, Actuator]) -> None:
         """Keep tuner state for services and tuners that survive a reload with the same
@@ -101,26 +82,29 @@ class ControlLoop:
             self.services[s.name] = replace(old[s.name], conf=s, actuator=actuators.get(s.name), stopped=set(),
                                             states=states)
 
-    def tick(self, now: float, history: dict[str, list[Window]]) -> list[Entry]:
-        entries: list[Entry] = []
+    def guards(self) -> dict[str, GuardState]:
+        return {name: sc.guard for name, sc in self.services.items()}
+
+    def tick(self, interval: Interval) -> list[Entry]:
+        now, entries = interval.end, []
         for sc in self.services.values():
             if not sc.conf.tuners:
                 continue
+            name = sc.conf.name
             due = [t for t in sc.conf.tuners if t.name not in sc.stopped
                    and now - sc.last_decision.get(t.name, -math.inf) >= t.interval_s]
-            judging = any(now - p.t >= p.interval_s for p in sc.pending)
+            judging = any(now - p.t >= p.interval_s for p in sc.guard.pending) or sc.guard.rollbacks_owed
             if not (due or judging):
                 continue
-            windows = history.get(sc.conf.name, [])
             if sc.actuator is not None and not self._refresh(sc, now):
                 continue
-            entries += self._judge(sc, now, windows)
+            entries += self._judge(sc, interval)
             for tconf in due:
                 since = sc.last_decision.get(tconf.name, now - tconf.interval_s)
                 sc.last_decision[tconf.name] = now
-                recent = [w for w in windows if w.end > since]
-                if recent:
-                    entries += self._decide(sc, tconf, now, recent, windows)
+                recent = interval.since(name, since)
+                if recent.windows:
+                    entries += self._decide(sc, tconf, interval, recent)
         return entries
 
     def _refresh(self, sc: ServiceControl, now: float) -> bool:
@@ -132,21 +116,25 @@ class ControlLoop:
             if not sc.reachable:
                 log.info("service %s: control surface reachable", sc.conf.name)
             sc.reachable, sc.backoff_s = True, 1.0
+            sc.guard.remember_originals(sc.settings, sc.conf.settings)
             return True
         except ActuatorError as exc:
-            if sc.reachable or sc.retry_at == 0.0:
-                log.warning("service %s: control surface down (%s); observing only, retrying with back-off",
-                            sc.conf.name, exc)
-            sc.reachable = False
-            sc.retry_at = now + sc.backoff_s
-            sc.backoff_s = min(sc.backoff_s * 2, MAX_BACKOFF_S)
+            self._back_off(sc, now, exc)
             return False
 
-    def _decide(self, sc: ServiceControl, tconf, now: float, recent: list[Window],
-                all_windows: list[Window]) -> list[Entry]:
-        spec = SPECS[tconf.name]
-        inputs = observations.Inputs(now, recent, all_windows, sc.conf, spec.option_values(tconf.options),
-                                     tconf.interval_s, self.baseline_for)
+    def _back_off(self, sc: ServiceControl, now: float, exc: ActuatorError) -> None:
+        if sc.reachable or sc.retry_at == 0.0:
+            log.warning("service %s: control surface down (%s); observing only, retrying with back-off",
+                        sc.conf.name, exc)
+        sc.reachable = False
+        sc.retry_at = now + sc.backoff_s
+        sc.backoff_s = min(sc.backoff_s * 2, MAX_BACKOFF_S)
+
+    def _decide(self, sc: ServiceControl, tconf, interval: Interval, recent) -> list[Entry]:
+        now, spec = interval.end, SPECS[tconf.name]
+        inputs = observations.Inputs(now, list(recent.windows), list(interval.windows(sc.conf.name)), sc.conf,
+                                     spec.option_values(tconf.options), tconf.interval_s, self.baseline_for,
+                                     recent)
         obs = spec.observe(inputs)
         if obs is None:
             return []
@@ -154,22 +142,17 @@ class ControlLoop:
         try:
             if tconf.name not in sc.states:
                 sc.states[tconf.name] = policy.initial_state(dict(sc.settings))
-            sc.states[tconf.name], decision = policy.decide(sc.states[tconf.name], obs)
+            state = policy.resync(sc.states[tconf.name], sc.settings)   # steer from what is in force
+            sc.states[tconf.name], decision = policy.decide(state, obs)
         except ValueError as exc:   # e.g. the service has no such setting: stop this tuner, keep the rest
             log.error("service %s: tuner %s stopped: %s", sc.conf.name, tconf.name, exc)
             sc.stopped.add(tconf.name)
             entry = Entry(now, sc.conf.name, tconf.name, "-", None, None, str(exc), Outcome.REFUSED, "tuner stopped")
-            self.audit.write(entry)
-            return [entry]
+            return self._audit([entry])
         if spec.alert is not None:
             return self._alert(sc, spec.name, spec.alert, now, obs, decision)
         changes = spec.to_settings(decision.changes, inputs) if spec.to_settings else decision.changes
-        entries = [self._apply(sc, tconf, now, setting, wanted, decision.reason, recent)
-                   for setting, wanted in changes.items()]
-        entries = [e for e in entries if e is not None]
-        for entry in entries:
-            self.audit.write(entry)
-        return entries
+        return self._apply(sc, tconf, now, changes, decision.reason, recent)
 
     def _alert(self, sc: ServiceControl, tuner: str, alert: Alert, now: float, obs, decision) -> list[Entry]:
         """An alert-only tuner pushes nothing: it raises or clears an alert, exported and audited when it changes."""
@@ -182,70 +165,121 @@ class ControlLoop:
             return []
         entry = Entry(now, sc.conf.name, tuner, alert.metric, baseline, value, decision.reason,
                       Outcome.ALERT_RAISED if decision.alert else Outcome.ALERT_CLEARED)
-        self.audit.write(entry)
-        return [entry]
+        return self._audit([entry])
 
-    def _apply(self, sc, tconf, now, setting, wanted, reason, recent) -> Entry | None:
-        bounds = sc.conf.settings.get(setting)
-        old = sc.settings.get(setting)
-        if bounds is None:
-            return Entry(now, sc.conf.name, tconf.name, setting, old, wanted, reason,
-                         Outcome.REFUSED, "no bounds for this setting in the config")
-        new = guarded(float(wanted), old, bounds)
-        if old is not None and math.isclose(new, old, rel_tol=1e-9, abs_tol=1e-12):
-            return None
-        if now < sc.held_until.get(setting, -math.inf):
-            return Entry(now, sc.conf.name, tconf.name, setting, old, new, reason, Outcome.HELD, "rolled back recently")
-        if now - sc.last_change.get(setting, -math.inf) < tconf.interval_s:
-            return Entry(now, sc.conf.name, tconf.name, setting, old, new, reason, Outcome.HELD, "changed this interval")
-        note = "" if new == wanted else f" (tuner wanted {wanted:g})"
+    def _plan(self, sc, tconf, now, changes: dict[str, float], reason: str) -> tuple[list[Entry], Outcome | None, str]:
+        """Every setting of the decision as it would be pushed, and what stops the whole
+        decision if anything does (one refused or held setting holds all: never a mix)."""
+        planned, stop, why = [], None, ""
+        for setting, wanted in changes.items():
+            bounds, old = sc.conf.settings.get(setting), sc.settings.get(setting)
+            if bounds is None:
+                stop, why = Outcome.REFUSED, f"no bounds for {setting} in the config"
+                new = wanted
+            elif not (isinstance(wanted, (int, float)) and math.isfinite(wanted)):
+                stop, why = Outcome.REFUSED, f"the tuner asked for {setting} = {wanted!r}, not a finite number"
+                new = wanted
+            else:
+                new = guarded(float(wanted), old, bounds)
+                if old is not None and math.isclose(new, old, rel_tol=1e-9, abs_tol=1e-12):
+                    continue
+                if now < sc.guard.held_until.get(setting, -math.inf):
+                    stop, why = stop or Outcome.HELD, why or "rolled back recently"
+                elif now - sc.guard.last_change.get(setting, -math.inf) < tconf.interval_s:
+                    stop, why = stop or Outcome.HELD, why or "changed this interval"
+            note = "" if new == wanted else f" (tuner wanted {wanted:g})"
+            planned.append(Entry(now, sc.conf.name, tconf.name, setting, old, new, reason + note, Outcome.PUSHED))
+        return planned, stop, why
+
+    def _apply(self, sc, tconf, now, changes, reason, recent) -> list[Entry]:
+        planned, stop, why = self._plan(sc, tconf, now, changes, reason)
+        if not planned:
+            return []
+        if stop is not None:
+            return self._audit([replace(e, outcome=stop, detail=why) for e in planned])
         if self.dry_run or sc.actuator is None:
-            return Entry(now, sc.conf.name, tconf.name, setting, old, new, reason + note, Outcome.DRY_RUN)
+            return self._audit([replace(e, outcome=Outcome.DRY_RUN) for e in planned])
+        decision = self.audit.new_decision()
+        planned = [replace(e, decision=decision) for e in planned]
+        if not self._audit(planned):
+            return []    # not audited, not pushed
+        push = {e.setting: e.new for e in planned}
         try:
-            sc.actuator.push({setting: new})
+            sc.actuator.push(push)
         except ActuatorError as exc:
             if exc.unreachable:
-                sc.reachable, sc.retry_at = False, now + sc.backoff_s
-            return Entry(now, sc.conf.name, tconf.name, setting, old, new, reason + note, Outcome.PUSH_FAILED, str(exc))
-        sc.settings[setting] = new
-        sc.last_change[setting] = now
-        p99, load = merged_p99(recent)
-        if old is not None and math.isfinite(p99):
-            sc.pending.append(Pending(tconf.name, setting, old, new, now, tconf.interval_s, p99, load))
-        return Entry(now, sc.conf.name, tconf.name, setting, old, new, reason + note, Outcome.PUSHED)
+                self._back_off(sc, now, exc)
+            return self._audit([replace(e, outcome=Outcome.PUSH_FAILED, detail=str(exc)) for e in planned])
+        sc.settings.update(push)
+        for e in planned:
+            sc.guard.changed(e, now, tconf.interval_s, recent.p99, recent.offered_rps)
+        return planned
 
-    def _judge(self, sc: ServiceControl, now: float, windows: list[Window]) -> list[Entry]:
-        """Roll back a change whose next interval has a clearly worse P99 under a similar load."""
-        entries, still = [], []
-        for p in sc.pending:
-            if now - p.t < p.interval_s:
-                still.append(p)
+    def _judge(self, sc: ServiceControl, interval: Interval) -> list[Entry]:
+        """Roll back a change whose next interval has a clearly worse P99 under a similar load;
+        a rollback that does not land is retried (with the back-off) until it does."""
+        now, entries = interval.end, []
+        for p in [p for p in sc.guard.pending if p.rollback or now - p.t >= p.interval_s]:
+            if not p.rollback:
+                after = interval.starting(sc.conf.name, p.t)
+                p99, load = after.p99, after.offered_rps
+                similar = load <= p.before_load * LOAD_CHANGED
+                worse = math.isfinite(p99) and p99 > max(p.before_p99 * ROLLBACK_WORSE, sc.conf.spec.slo_p99_s)
+                p.why = (f"P99 {p99 * 1e3:.0f} ms after the change vs {p.before_p99 * 1e3:.0f} ms before, "
+                         f"load {load:.1f}/s vs {p.before_load:.1f}/s")
+                if not (worse and similar):
+                    sc.guard.pending.remove(p)
+                    entries += self._audit([Entry(now, sc.conf.name, p.tuner, p.setting, p.old, p.new, p.why,
+                                                  Outcome.KEPT, "load changed too much to judge" if worse else "")])
+                    continue
+                p.rollback = True
+                sc.guard.rolled_back(p, now, HOLD_INTERVALS, MAX_HOLD_S)
+            entries += self._roll_back(sc, p, now)
+        return entries
+
+    def _roll_back(self, sc: ServiceControl, p, now: float) -> list[Entry]:
+        entry = Entry(now, sc.conf.name, p.tuner, p.setting, p.new, p.old, p.why, Outcome.ROLLED_BACK,
+                      decision=self.audit.new_decision())
+        if not self._audit([entry]):
+            return []    # retried next tick
+        try:
+            if not self.dry_run:
+                sc.actuator.push({p.setting: p.old})
+        except ActuatorError as exc:
+            if exc.unreachable:
+                self._back_off(sc, now, exc)
+            return self._audit([replace(entry, outcome=Outcome.ROLLBACK_FAILED,
+                                        detail=f"{exc}; retried until it lands")])
+        sc.settings[p.setting] = p.old
+        sc.guard.pending.remove(p)
+        return [entry]
+
+    def _audit(self, entries: list[Entry]) -> list[Entry]:
+        """Write entries to the audit log as one; [] when it cannot be written (counted)."""
+        try:
+            self.audit.write_all(entries)
+        except AuditError as exc:
+            self.audit_failures += 1
+            log.error("%s; nothing of this decision was pushed", exc)
+            return []
+        return entries
+
+    def restore(self, now: float) -> list[Entry]:
+        """Put back, service by service, the values in force before slotune first changed them."""
+        entries = []
+        for sc in self.services.values():
+            back = {k: v for k, v in sc.guard.originals.items() if sc.settings.get(k) != v}
+            if not back or sc.actuator is None or self.dry_run:
                 continue
-            after = [w for w in windows if w.start >= p.t]
-            p99, load = merged_p99(after)
-            similar = load <= p.before_load * LOAD_CHANGED
-            worse = math.isfinite(p99) and p99 > max(p.before_p99 * ROLLBACK_WORSE, sc.conf.spec.slo_p99_s)
-            why = (f"P99 {p99 * 1e3:.0f} ms after the change vs {p.before_p99 * 1e3:.0f} ms before, "
-                   f"load {load:.1f}/s vs {p.before_load:.1f}/s")
-            if not (worse and similar):
-                entry = Entry(now, sc.conf.name, p.tuner, p.setting, p.old, p.new, why, Outcome.KEPT,
-                              "load changed too much to judge" if worse else "")
-                self.audit.write(entry)
-                entries.append(entry)
+            planned = [Entry(now, sc.conf.name, "restore", k, sc.settings.get(k), v, "slotune stopped with "
+                             "--restore-on-exit", Outcome.RESTORED, decision=self.audit.new_decision())
+                       for k, v in back.items()]
+            if not self._audit(planned):
                 continue
-            outcome, detail = Outcome.ROLLED_BACK, ""
             try:
-                if not self.dry_run:
-                    sc.actuator.push({p.setting: p.old})
-                sc.settings[p.setting] = p.old
+                sc.actuator.push(back)
+                sc.settings.update(back)
+                entries += planned
             except ActuatorError as exc:
-                outcome, detail = Outcome.ROLLBACK_FAILED, str(exc)
-            sc.last_change[p.setting] = now
-            sc.rollbacks[p.setting] = sc.rollbacks.get(p.setting, 0) + 1
-            hold = HOLD_INTERVALS * p.interval_s * 2 ** (sc.rollbacks[p.setting] - 1)
-            sc.held_until[p.setting] = now + min(hold, MAX_HOLD_S)
-            entry = Entry(now, sc.conf.name, p.tuner, p.setting, p.new, p.old, why, outcome, detail)
-            self.audit.write(entry)
-            entries.append(entry)
-        sc.pending = still
+                entries += self._audit([replace(e, outcome=Outcome.PUSH_FAILED, detail=str(exc)) for e in planned])
         return entries

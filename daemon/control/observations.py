@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, Mapping
 
 from tuners import batch, breaker, budget, drift, sampling, throttle
 
 from daemon.config import ServiceConf
 from daemon.model import labels
-from daemon.model.window import Window, merged_latency
+from daemon.model.interval import Span
+from daemon.model.window import Window
 
 MIN_REQUESTS = 5   # a window with fewer says little about a tail
 
@@ -29,6 +31,11 @@ class Inputs:
     options: Mapping[str, float]  # the tuner's own config keys, defaults filled in
     interval_s: float
     baseline_for: Callable[[str, float, float], drift.Baseline | None]   # (service, since, until)
+    recent_span: Span | None = None   # `recent` merged by the caller (the loop shares it with its guards)
+
+    @cached_property
+    def span(self) -> Span:
+        return self.recent_span if self.recent_span is not None else Span(tuple(self.recent))
 
 
 def _q(hist, q: float) -> float:
@@ -65,7 +72,7 @@ def _family_hist(windows: list[Window], suffix: str):
     return hist
 
 
-def queue_p99(windows: list[Window], history: list[Window]) -> float:
+def queue_p99(windows: list[Window], history: list[Window], merged) -> float:
     """How long requests waited for their turn, at the tail: the service's own queue-wait
     histogram when it exports one, else P99 above the lowest P99 it showed lately (its
     no-load tail, as Vegas estimates queueing from RTT over the no-load RTT)."""
@@ -75,12 +82,12 @@ def queue_p99(windows: list[Window], history: list[Window]) -> float:
     tails = [w.p(0.99) for w in history if w.requests >= MIN_REQUESTS and math.isfinite(w.p(0.99))]
     if not tails:
         return 0.0
-    return max(0.0, _q(merged_latency(windows), 0.99) - min(tails))
+    return max(0.0, _q(merged, 0.99) - min(tails))
 
 
 def for_throttle(i: Inputs) -> throttle.Observation:
     windows = i.recent
-    hist, secs = merged_latency(windows), _seconds(windows)
+    hist, secs = i.span.latency, _seconds(windows)
     completed = sum(w.requests for w in windows) / secs
     in_flight = _gauge_max(windows, "_inflight_requests")
     if in_flight is None:  # Little's law when the service does not say
@@ -90,12 +97,12 @@ def for_throttle(i: Inputs) -> throttle.Observation:
         arrival_rps=sum(w.requests + w.rejected for w in windows) / secs, completed_rps=completed,
         goodput_rps=sum(w.goodput * w.seconds for w in windows) / secs,
         rejected_rps=sum(w.rejected for w in windows) / secs, in_flight=float(in_flight),
-        queue_p99_s=queue_p99(windows, i.history))
+        queue_p99_s=queue_p99(windows, i.history, hist))
 
 
 def for_batch(i: Inputs) -> batch.Observation:
     windows = i.recent
-    hist, secs = merged_latency(windows), _seconds(windows)
+    hist, secs = i.span.latency, _seconds(windows)
     return batch.Observation(
         now=i.now, slo_s=i.conf.spec.slo_p99_s, p99_s=_q(hist, 0.99),
         arrival_rps=sum(w.requests + w.rejected for w in windows) / secs,
@@ -116,7 +123,7 @@ def batches_run(windows: list[Window]) -> tuple[tuple[int, int, float], ...]:
 
 def for_sampling(i: Inputs) -> sampling.Observation:
     windows = i.recent
-    hist, secs = merged_latency(windows), _seconds(windows)
+    hist, secs = i.span.latency, _seconds(windows)
     return sampling.Observation(
         now=i.now, request_rps=sum(w.requests for w in windows) / secs,
         error_rps=sum(w.errors for w in windows) / secs, p90_s=_q(hist, 0.9), p99_s=_q(hist, 0.99),
@@ -137,7 +144,7 @@ def for_breaker(i: Inputs) -> breaker.Observation:
 def for_drift(i: Inputs) -> drift.Observation | None:
     """The P99 of the interval against the stored baseline (the days before the interval);
     None until a baseline exists."""
-    hist = merged_latency(i.recent)
+    hist = i.span.latency
     baseline = i.baseline_for(i.conf.name, i.now - i.options["baseline_days"] * 86400.0, i.now - i.interval_s)
     if baseline is None or hist is None or not hist.count:
         return None

@@ -25,6 +25,8 @@ class LoopView:
     reachable: dict[str, bool] = field(default_factory=dict)
     attribution: dict[str, object] = field(default_factory=dict)             # service -> Explanation
     drift: dict[tuple[str, str], tuple[float, bool]] = field(default_factory=dict)
+    rollbacks_owed: set[tuple[str, str]] = field(default_factory=set)        # (service, setting)
+    audit_failures: int = 0
 
 
 class LoopMetrics:
@@ -108,6 +110,13 @@ def _families(latest, counters, decisions, view: LoopView):
         alert.add_metric([svc, metric], 1.0 if on else 0.0)
     yield share
     yield alert
+    owed = GaugeMetricFamily("slotune_rollback_failed", "1 while a rollback of the setting has not landed "
+                             "(retried with back-off until it does)", labels=["service", "setting"])
+    for svc, setting in sorted(view.rollbacks_owed):
+        owed.add_metric([svc, setting], 1.0)
+    yield owed
+    yield CounterMetricFamily("slotune_audit_write_failures", "Decisions not pushed because the audit log "
+                              "could not be written", value=view.audit_failures)
 
 def _attribution(attribution: dict):
     share = GaugeMetricFamily("slotune_attribution_share_ratio",

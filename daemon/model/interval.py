@@ -50,6 +50,12 @@ class Interval:
     history: Mapping[str, tuple[Window, ...]]        # service -> windows, oldest first
     _spans: dict = field(default_factory=dict, compare=False, repr=False)
 
+    @classmethod
+    def at(cls, end: float, history: Mapping[str, list[Window]]) -> "Interval":
+        """An Interval ending at `end` over these windows (tests, benches, replays)."""
+        starts = [w.start for ws in history.values() for w in ws[-1:]]
+        return cls(min(starts, default=end), end, {k: tuple(v) for k, v in history.items()})
+
     def windows(self, service: str) -> tuple[Window, ...]:
         return self.history.get(service, ())
 

@@ -16,7 +16,8 @@ class ServiceDouble:
 
     def __init__(self, settings: dict[str, float], per_scrape: int = 50):
         self.settings, self.per_scrape = dict(settings), per_scrape
-        self.scrapes, self.pushes = 0, []
+        self.scrapes, self.pushes, self.refused = 0, [], []
+        self.push_status = lambda n: 200     # n-th PATCH (from 0) -> status; not 200: refused, nothing applied
         self.lock = threading.Lock()
         double = self
 
@@ -31,12 +32,17 @@ class ServiceDouble:
             def do_PATCH(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 with double.lock:
+                    status = double.push_status(len(double.pushes) + len(double.refused))
+                    if status != 200:
+                        double.refused.append(body)
+                        self._send(b'{"error": "refused on purpose"}', "application/json", status)
+                        return
                     double.settings.update(body)
                     double.pushes.append(body)
                     self._send(json.dumps(double.settings).encode(), "application/json")
 
-            def _send(self, body: bytes, ctype: str):
-                self.send_response(200)
+            def _send(self, body: bytes, ctype: str, status: int = 200):
+                self.send_response(status)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()

@@ -16,6 +16,7 @@ from daemon.config import Bounds, Config, Control, ServiceConf, TunerConf
 from daemon.control.actuators import ActuatorError
 from daemon.control.actuators.http_json import HttpJsonActuator
 from daemon.control.audit import AuditLog
+from daemon.model.interval import Interval
 from daemon.control.loop import ControlLoop
 from daemon.model.service import ServiceSpec
 from tests.adversarial.conftest import header, reply
@@ -124,7 +125,7 @@ def test_a_server_that_echoes_the_token_does_not_get_it_into_errors_logs_or_the_
     actuator = HttpJsonActuator(server.url, str(token_file), settings_key="settings")
     control = ControlLoop(Config(path="t", services=(conf,)), {"api": actuator}, audit, False)
     with caplog.at_level(logging.DEBUG):
-        entries = control.tick(1.0, {"api": [window(1.0, 0.5)]})
+        entries = control.tick(Interval.at(1.0, {"api": [window(1.0, 0.5)]}))
     audit.close()
     assert [str(e.outcome) for e in entries] == ["push failed"]
     assert "Bearer <token>" in entries[0].detail + entries[0].reason + str(entries[0].outcome)
