@@ -67,7 +67,6 @@ class Daemon:
         self.stop_event = threading.Event()
         self.reload_requested = False
         self.server: MetricsServer | None = None
-        self.lock = threading.Lock()   # a reload and a step never run at once
         self.shown = self._status(Interval(0.0, 0.0, {}), LoopView())   # until the first tick
 
     def _history_len(self) -> int:
@@ -109,9 +108,8 @@ class Daemon:
     def close(self) -> None:
         sdnotify.stopping()
         if self.restore_on_exit:
-            with self.lock:
-                restored = self.control.restore(time.time())
-                self._save_guards()
+            restored = self.control.restore(time.time())
+            self._save_guards()
             log.info("restore on exit: %d setting(s) put back", len(restored))
         for c in self.collectors:
             try:
@@ -179,20 +177,19 @@ class Daemon:
             log.error("config reload refused, keeping the running config: %s", exc)
             return False
         sdnotify.reloading()
-        with self.lock:
-            dry_run = self.forced_dry_run or new.dry_run
-            if dry_run != self.dry_run:
-                log.warning("config reload: dry-run is now %s", "on: nothing will be pushed" if dry_run
-                            else "off: decisions are pushed again")
-            self.dry_run = self.control.dry_run = dry_run
-            self.recorder.environment, self.recorder.deploy_id = new.environment, new.deploy_id
-            self.audit.reopen()
-            self.recorder.retention_s = new.baseline_retention_days * 86400.0
-            self.cfg = new
-            specs = [s.spec for s in new.services]
-            for c in self.collectors:
-                c.update_services(specs)
-            self.control.reconfigure(new, self._actuators(new))
+        dry_run = self.forced_dry_run or new.dry_run
+        if dry_run != self.dry_run:
+            log.warning("config reload: dry-run is now %s", "on: nothing will be pushed" if dry_run
+                        else "off: decisions are pushed again")
+        self.dry_run = self.control.dry_run = dry_run
+        self.recorder.environment, self.recorder.deploy_id = new.environment, new.deploy_id
+        self.audit.reopen()
+        self.recorder.retention_s = new.baseline_retention_days * 86400.0
+        self.cfg = new
+        specs = [s.spec for s in new.services]
+        for c in self.collectors:
+            c.update_services(specs)
+        self.control.reconfigure(new, self._actuators(new))
         log.info("config reloaded from %s: %d service(s)", new.path, len(new.services))
         sdnotify.ready()
         return True
@@ -213,24 +210,23 @@ class Daemon:
         by_service = defaultdict(list)
         for s in samples:
             by_service[s.service].append(s)
-        with self.lock:
-            built = []
-            for svc in self.cfg.services:
-                w = window.build(svc.name, svc.spec.slo_p99_s, start, end, by_service.get(svc.name, []),
-                                 svc.latency_metric)
-                self.history[svc.name].append(w)
-                built.append(w)
-            names = [s.name for s in self.cfg.services]
-            interval = Interval(start, end, {name: tuple(self.history[name]) for name in names})
-            explained = attribution.explain_all(interval.history, attribution.call_graph(self.cfg.services),
-                                                now=end)
-            entries = self.control.tick(interval)
-            if entries:
-                self._save_guards()
-            view = self._view(explained)
-            self.metrics.observe(built, entries, view)
-            self.recorder.record(interval, names)
-            self.shown = self._status(interval, view)
+        built = []
+        for svc in self.cfg.services:
+            w = window.build(svc.name, svc.spec.slo_p99_s, start, end, by_service.get(svc.name, []),
+                             svc.latency_metric)
+            self.history[svc.name].append(w)
+            built.append(w)
+        names = [s.name for s in self.cfg.services]
+        interval = Interval(start, end, {name: tuple(self.history[name]) for name in names})
+        explained = attribution.explain_all(interval.history, attribution.call_graph(self.cfg.services),
+                                            now=end)
+        entries = self.control.tick(interval)
+        if entries:
+            self._save_guards()
+        view = self._view(explained)
+        self.metrics.observe(built, entries, view)
+        self.recorder.record(interval, names)
+        self.shown = self._status(interval, view)
 
     def _save_guards(self) -> None:
         try:
