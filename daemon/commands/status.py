@@ -46,7 +46,8 @@ def render(status: dict) -> str:
     rows.append(f"\nlast decisions{mode}:")
     for d in status["decisions"][-6:]:
         stamp = time.strftime("%H:%M:%S", time.localtime(d["t"]))
-        rows.append(f"  {stamp} {d['service']}.{d['setting']} {d['old']} -> {d['new']} [{d['outcome']}] {d['reason']}")
+        outcome = f"{d['outcome']}: {d['detail']}" if d.get("detail") else d["outcome"]
+        rows.append(f"  {stamp} {d['service']}.{d['setting']} {d['old']} -> {d['new']} [{outcome}] {d['reason']}")
     if not status["decisions"]:
         rows.append("  none yet")
     return "\n".join(rows)

@@ -100,7 +100,8 @@ def write(path: Path, snaps: list[dict], decisions: list[dict], phases: list[tup
                  "<th>outcome</th><th>why</th></tr>")
     for d in decisions:
         parts.append(f"<tr><td>{d['t'] - t0:.0f}</td><td>{html.escape(d['service'])}.{html.escape(d['setting'])}</td>"
-                     f"<td>{d['old']} → {d['new']}</td><td>{html.escape(d['outcome'])}</td>"
+                     f"<td>{d['old']} → {d['new']}</td>"
+                     f"<td>{html.escape(d['outcome'] + (': ' + d['detail'] if d.get('detail') else ''))}</td>"
                      f"<td>{html.escape(d['reason'])}</td></tr>")
     parts.append("</table>")
     path.write_text("\n".join(parts))
