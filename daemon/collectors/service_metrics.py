@@ -1,13 +1,21 @@
 """Reads a service's own Prometheus /metrics each interval and turns it into
 deltas: every histogram becomes a BucketHistogram, every counter a delta and
-every gauge a last value, keyed (family, "label=value,...")."""
+every gauge a last value, keyed (family, "label=value,..."; a counter by its
+_total name), for the families slotune reads only. A service's answer is
+untrusted: a bad one costs that service its sample, never another's."""
 from __future__ import annotations
 
+import http.client
 import logging
-import urllib.request
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from daemon.control.actuators.http_json import _HTTP, _HTTPS
 from daemon.model.sample import Key, Sample
 from daemon.model import labels
 from daemon.model.histogram import BucketHistogram
@@ -15,39 +23,119 @@ from daemon.model.service import ServiceSpec
 
 log = logging.getLogger(__name__)
 
+MAX_BODY_BYTES = 4 << 20
+MAX_SERIES = 2000          # kept per service, counted as Prometheus does: one per histogram bucket
+SCRAPERS = 16              # services read at once
+# The families slotune reads from a service's metrics, by name suffix, and what reads
+# them (a service's own latency_metric is read besides); every other family is dropped.
+READ_SUFFIXES = {
+    "_queue_wait_seconds": "control/observations.queue_p99, attribution/causes.batch_queue_wait",
+    "_batch_compute_seconds": "control/observations.batches_run, attribution/causes.batch_queue_wait",
+    "_batch_size": "control/observations.batches_run",
+    "_inflight_requests": "control/observations.for_throttle",
+    "_traces_total": "control/observations.for_sampling",
+    "_tool_calls_total": "control/observations.for_breaker",
+    "_breaker_open": "control/observations.for_breaker",
+    "_tool_duration_seconds": "attribution/causes.tool_readings",
+    "_stage_duration_seconds": "control/observations.for_budget",
+}
 
-def parse(text: str) -> tuple[dict[Key, BucketHistogram], dict[Key, float], dict[Key, float]]:
-    """Cumulative histograms, counters (monotonic totals) and gauges from exposition text."""
+Parsed = tuple[dict[Key, BucketHistogram], dict[Key, float], dict[Key, float]]
+
+
+def parse(text: str, wanted: Callable[[str], bool] = lambda name: True) -> Parsed:
+    """Cumulative histograms, counters (monotonic totals) and gauges of the wanted
+    families from exposition text; ValueError for one that is malformed. Values that
+    are not finite are left out (a NaN gauge is valid, and useless)."""
     buckets: dict[Key, list[tuple[float, float]]] = {}
     sums: dict[Key, float] = {}
     counters: dict[Key, float] = {}
     gauges: dict[Key, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            key = (family.name, labels.key(s.labels))
+            name = s.name if family.type == "counter" else family.name
+            if not wanted(name):
+                continue
+            key = (name, labels.key(s.labels))
             if family.type == "histogram":
                 if s.name.endswith("_bucket"):
+                    if "le" not in s.labels:
+                        raise ValueError(f"histogram bucket without le: {s.name}{{{key[1]}}}")
                     buckets.setdefault(key, []).append((float(s.labels["le"]), s.value))
                 elif s.name.endswith("_sum"):
                     sums[key] = s.value
+            elif not math.isfinite(s.value):
+                continue
             elif family.type == "counter" and s.name.endswith("_total"):
                 counters[key] = s.value
             elif family.type == "gauge":
                 gauges[key] = s.value
-    hists = {k: BucketHistogram.from_cumulative(v, sums.get(k, 0.0)) for k, v in buckets.items()}
+    hists = {}
+    for key, pairs in buckets.items():
+        h = BucketHistogram.from_cumulative(pairs, sums.get(key, 0.0))
+        if not all(0 <= c < math.inf for c in h.counts) or not math.isfinite(h.total_s):
+            raise ValueError(f"histogram {key[0]}{{{key[1]}}}: cumulative bucket counts must be finite "
+                             "and never go down")
+        hists[key] = h
     return hists, counters, gauges
 
 
+def capped(parsed: Parsed, max_series: int) -> tuple[Parsed, int]:
+    """The first series, in exposition order, up to max_series; and how many there were."""
+    kept, total = [], 0
+    for table in parsed:
+        kept.append({})
+        for key, value in table.items():
+            n = len(value.bounds_s) if isinstance(value, BucketHistogram) else 1
+            total += n
+            if total <= max_series:
+                kept[-1][key] = value
+    hists, counters, gauges = kept
+    return (hists, counters, gauges), total
+
+
+class ScrapeError(Exception):
+    """What was wrong with one service's /metrics this interval, in words (`kind`), and the detail."""
+
+    def __init__(self, kind: str, detail: str):
+        super().__init__(detail)
+        self.kind = kind
+
+
+def fetch(url: str, timeout_s: float, max_bytes: int) -> bytes:
+    """GET url's body. Connecting, the headers and the body get timeout_s together, so a
+    trickle ends there; a body over max_bytes is refused. Follows no redirect, uses no proxy."""
+    parts = urlsplit(url)
+    connection = _HTTPS if parts.scheme == "https" else _HTTP
+    conn = connection(parts.hostname, parts.port, timeout=timeout_s, deadline=time.monotonic() + timeout_s)
+    try:
+        conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
+                     headers={"Accept": "text/plain"})
+        answer = conn.getresponse()
+        if answer.status != 200:
+            raise ScrapeError("cannot be read", f"HTTP {answer.status}")
+        body = answer.read(max_bytes + 1)
+    finally:
+        conn.close()
+    if len(body) > max_bytes:
+        raise ScrapeError("is too large", f"over {max_bytes} bytes")
+    return body
+
+
 class ServiceMetricsCollector:
-    """One scrape per service per interval; a service that does not answer is
-    reported once (and again when it comes back) and yields no sample."""
+    """One scrape per service per interval, all at once. A service that does not answer,
+    or answers with what cannot be read, is reported once per kind of failure (and
+    again when it comes back) and yields no sample; the others are not held up."""
     name = "service_metrics"
 
     def __init__(self, timeout_s: float = 0.8):
         self.urls: dict[str, str] = {}      # service -> its metrics_url
+        self.latency: dict[str, str] = {}   # service -> its latency_metric
         self.timeout_s = timeout_s
         self.previous: dict[str, tuple[dict, dict]] = {}
-        self.failing: set[str] = set()
+        self.failing: dict[str, set[str]] = {}    # service -> kinds of failure reported
+        self.capped: set[str] = set()             # services reported over MAX_SERIES
+        self.pool = ThreadPoolExecutor(SCRAPERS, thread_name_prefix="service-metrics")
 
     exports_samples = False    # the services export these series themselves
 
@@ -65,30 +153,61 @@ class ServiceMetricsCollector:
         self.update_services(services)
 
     def update_services(self, services: list[ServiceSpec]) -> None:
+        before = {name: (url, self.latency.get(name)) for name, url in self.urls.items()}
         self.urls = {s.name: s.metrics_url for s in services if s.metrics_url}
+        self.latency = {s.name: s.latency_metric for s in services if s.metrics_url}
+        # A service read from elsewhere, or for other families, starts over from one read.
+        self.previous = {name: p for name, p in self.previous.items()
+                         if before.get(name) == (self.urls.get(name), self.latency.get(name))}
 
-    def scrape(self, service: str, url: str):
+    def read(self, service: str, url: str) -> Parsed | ScrapeError:
+        """The service's wanted series, or what was wrong (returned, so one bad service
+        stops nothing else)."""
         try:
-            with urllib.request.urlopen(url, timeout=self.timeout_s) as resp:
-                text = resp.read().decode()
-        except OSError as exc:
-            if service not in self.failing:
-                log.warning("service %s: cannot read its metrics at %s (%s); will retry each interval",
-                            service, url, exc)
-                self.failing.add(service)
-            return None
-        if service in self.failing:
+            body = fetch(url, self.timeout_s, MAX_BODY_BYTES)
+        except ScrapeError as exc:
+            return exc
+        except TimeoutError:
+            return ScrapeError(f"took longer than {self.timeout_s:g} s", "the answer was not complete in time")
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            return ScrapeError("cannot be read", str(exc) or type(exc).__name__)
+        try:
+            text = body.decode()
+        except UnicodeDecodeError as exc:
+            return ScrapeError("is not UTF-8", str(exc))
+        own = self.latency.get(service) or None
+        try:
+            return parse(text, lambda name: name == own or name.endswith(tuple(READ_SUFFIXES)))
+        except ValueError as exc:
+            return ScrapeError("does not parse", " ".join(str(exc).split())[:200])
+
+    def _report(self, service: str, url: str, got: Parsed | ScrapeError) -> None:
+        if isinstance(got, ScrapeError):
+            if got.kind not in self.failing.setdefault(service, set()):
+                log.warning("service %s: its metrics at %s %s (%s); no sample from it until it answers "
+                            "well, the other services go on", service, url, got.kind, got)
+                self.failing[service].add(got.kind)
+        elif self.failing.pop(service, None):
             log.info("service %s: metrics at %s answer again", service, url)
-            self.failing.discard(service)
-        return parse(text)
+
+    def _cap(self, service: str, parsed: Parsed) -> Parsed:
+        parsed, total = capped(parsed, MAX_SERIES)
+        if total > MAX_SERIES and service not in self.capped:
+            log.warning("service %s: %d series in the families slotune reads, over the %d kept per service; "
+                        "the first %d are kept: drop a label with many values from them",
+                        service, total, MAX_SERIES, MAX_SERIES)
+            self.capped.add(service)
+        return parsed
 
     def collect(self, start: float, end: float) -> list[Sample]:
+        urls = dict(self.urls)
+        answers = dict(zip(urls, self.pool.map(self.read, urls, urls.values())))
         out = []
-        for service, url in self.urls.items():
-            parsed = self.scrape(service, url)
-            if parsed is None:
+        for service, got in answers.items():
+            self._report(service, urls[service], got)
+            if isinstance(got, ScrapeError):
                 continue
-            hists, counters, gauges = parsed
+            hists, counters, gauges = self._cap(service, got)
             before = self.previous.get(service)
             self.previous[service] = (hists, counters)
             if before is None:
@@ -102,4 +221,4 @@ class ServiceMetricsCollector:
         return out
 
     def close(self) -> None:
-        pass
+        self.pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,162 @@
+"""A service's own /metrics as untrusted input: real HTTP servers on loopback
+that answer with a bucket without `le`, bytes that are not UTF-8, text that does
+not parse, decreasing buckets, a broken chunked body, 10 MB, a trickle, or
+50 000 series, each beside a healthy service whose samples must still arrive
+with the right deltas; and only the families slotune reads are kept."""
+import ast
+import logging
+import re
+import time
+
+import pytest
+
+from daemon.collectors.service_metrics import MAX_SERIES, READ_SUFFIXES, ServiceMetricsCollector
+from daemon.model.service import ServiceSpec
+from tests.conftest import ROOT
+
+
+def answer_with(body_of):
+    """An HTTP/1.1 answer whose body is body_of(n) for the n-th request (from 1)."""
+    served = []
+
+    def answer(conn, _request, _stopped):
+        served.append(None)
+        body = body_of(len(served))
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                     b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+    return answer
+
+
+def healthy(n: int) -> bytes:
+    """After n scrapes: 2n requests (one at 0.05 s, one at 0.5 s), 3n tool calls, 7 in flight."""
+    return f"""# TYPE api_request_duration_seconds histogram
+api_request_duration_seconds_bucket{{outcome="ok",le="0.1"}} {n}
+api_request_duration_seconds_bucket{{outcome="ok",le="1.0"}} {2 * n}
+api_request_duration_seconds_bucket{{outcome="ok",le="+Inf"}} {2 * n}
+api_request_duration_seconds_sum{{outcome="ok"}} {0.55 * n}
+api_request_duration_seconds_count{{outcome="ok"}} {2 * n}
+# TYPE api_tool_calls_total counter
+api_tool_calls_total{{tool="search",outcome="ok"}} {3 * n}
+# TYPE api_inflight_requests gauge
+api_inflight_requests 7
+# TYPE api_unread_seconds histogram
+api_unread_seconds_bucket{{le="+Inf"}} {n}
+api_unread_seconds_sum {n}
+api_unread_seconds_count {n}
+# TYPE api_unread_total counter
+api_unread_total {n}
+""".encode()
+
+
+def trickle(body_too_only: bool):
+    """Two bytes a second (each faster than a per-recv timeout would notice), for 20 s."""
+    def answer(conn, _request, stopped):
+        body = b"api_inflight_requests 1\n" * 40
+        head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body)
+        if body_too_only:
+            conn.sendall(head)
+        for byte in body if body_too_only else head + body:
+            if stopped.wait(0.5):
+                return
+            conn.sendall(bytes([byte]))
+    return answer
+
+
+def chunked_with_a_bad_size(conn, _request, _stopped):
+    conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\napi_inflight_requests 1\r\n0\r\n\r\n")
+
+
+BAD = {
+    "bucket-without-le": (answer_with(lambda n: b"# TYPE x_queue_wait_seconds histogram\n"
+                                                b"x_queue_wait_seconds_bucket 3\nx_queue_wait_seconds_sum 1\n"),
+                          "histogram bucket without le"),
+    "non-utf8-bytes": (answer_with(lambda n: b"# TYPE x_inflight_requests gauge\nx_inflight_requests{a=\"\xff\xfe\"} 1\n"),
+                       "not UTF-8"),
+    "unparsable-text": (answer_with(lambda n: b"this is { not the prometheus format\n"), "does not parse"),
+    "decreasing-buckets": (answer_with(lambda n: b"# TYPE x_queue_wait_seconds histogram\n"
+                                                 b"x_queue_wait_seconds_bucket{le=\"0.1\"} 5\n"
+                                                 b"x_queue_wait_seconds_bucket{le=\"+Inf\"} 2\n"),
+                           "does not parse"),
+    "chunked-size-not-hex": (chunked_with_a_bad_size, "cannot be read"),
+    "10-mb-body": (answer_with(lambda n: b"# TYPE x_unread gauge\n" + b"x_unread 1\n" * 1_000_000), "too large"),
+    "body-trickled-2-bytes-per-second": (trickle(True), "took longer than"),
+    "head-trickled-2-bytes-per-second": (trickle(False), "took longer than"),
+}
+
+
+def collector_for(*servers) -> ServiceMetricsCollector:
+    c = ServiceMetricsCollector()
+    c.start([ServiceSpec(name, metrics_url=f"http://127.0.0.1:{server.port}/metrics",
+                         latency_metric="api_request_duration_seconds") for name, server in servers])
+    return c
+
+
+@pytest.mark.parametrize("kind", list(BAD))
+def test_one_bad_service_beside_a_healthy_one(serve, caplog, kind):
+    answer, words = BAD[kind]
+    good, bad = serve(answer_with(healthy)), serve(answer)
+    collector = collector_for(("good", good), ("bad", bad))
+    try:
+        with caplog.at_level(logging.WARNING, logger="daemon.collectors.service_metrics"):
+            took = []
+            for _ in range(3):
+                t0 = time.monotonic()
+                samples = collector.collect(0.0, 1.0)
+                took.append(time.monotonic() - t0)
+        assert [s.service for s in samples] == ["good"]
+        good_sample = samples[0]
+        latency = good_sample.histograms[("api_request_duration_seconds", "outcome=ok")]
+        assert latency.count == 2 and latency.total_s == pytest.approx(0.55)
+        assert good_sample.counters == {("api_tool_calls_total", "outcome=ok,tool=search"): 3.0}
+        assert good_sample.gauges == {("api_inflight_requests", ""): 7.0}
+        assert max(took) < collector.timeout_s + 1.0, took      # one deadline for the whole read
+        said = [r.getMessage() for r in caplog.records if "service bad" in r.getMessage()]
+        assert len(said) == 1, said                              # once, not every interval
+        assert f"http://127.0.0.1:{bad.port}/metrics" in said[0] and words in said[0]
+        assert not [r for r in caplog.records if "service good" in r.getMessage()]
+    finally:
+        collector.close()
+
+
+def test_a_service_exporting_50000_series_keeps_at_most_the_cap(serve, caplog):
+    def many(n):
+        lines = [f'api_inflight_requests{{id="{i}"}} {n}' for i in range(50_000)]
+        return ("# TYPE api_inflight_requests gauge\n" + "\n".join(lines) + "\n").encode()
+    wide, good = serve(answer_with(many)), serve(answer_with(healthy))
+    collector = collector_for(("wide", wide), ("good", good))
+    try:
+        with caplog.at_level(logging.WARNING, logger="daemon.collectors.service_metrics"):
+            for _ in range(3):
+                samples = {s.service: s for s in collector.collect(0.0, 1.0)}
+        kept = samples["wide"]
+        assert 0 < len(kept.histograms) + len(kept.counters) + len(kept.gauges) <= MAX_SERIES
+        assert len(collector.previous["wide"][0]) + len(collector.previous["wide"][1]) <= MAX_SERIES
+        said = [r.getMessage() for r in caplog.records if "service wide" in r.getMessage()]
+        assert len(said) == 1 and str(MAX_SERIES) in said[0], said
+        assert samples["good"].counters[("api_tool_calls_total", "outcome=ok,tool=search")] == 3.0
+    finally:
+        collector.close()
+
+
+def test_families_slotune_does_not_read_are_dropped(serve):
+    good = serve(answer_with(healthy))
+    collector = collector_for(("good", good))
+    try:
+        collector.collect(0.0, 1.0)
+        sample = collector.collect(0.0, 1.0)[0]
+    finally:
+        collector.close()
+    families = {fam for fam, _ in [*sample.histograms, *sample.counters, *sample.gauges]}
+    assert families == {"api_request_duration_seconds", "api_tool_calls_total", "api_inflight_requests"}
+
+
+def test_every_suffix_the_readers_look_for_is_kept():
+    """The suffixes the readers of windows look families up by (literals such as
+    "_queue_wait_seconds" passed to endswith() or to a helper) are all in
+    READ_SUFFIXES, so none is dropped at the scrape."""
+    looked_up = set()
+    for path in ("daemon/control/observations.py", "daemon/attribution/causes.py"):
+        calls = [node for node in ast.walk(ast.parse((ROOT / path).read_text())) if isinstance(node, ast.Call)]
+        looked_up |= {arg.value for call in calls for arg in call.args if isinstance(arg, ast.Constant)
+                      and isinstance(arg.value, str) and re.fullmatch(r"_[a-z0-9_]+", arg.value)}
+    assert looked_up and looked_up <= set(READ_SUFFIXES), looked_up - set(READ_SUFFIXES)
