@@ -1,7 +1,10 @@
 """The histogram arithmetic every latency signal goes through."""
-import numpy as np
+import math
 
-from daemon.model.histogram import EXPORT_BOUNDS_S, Histogram, slot_bounds, slot_of
+import numpy as np
+import pytest
+
+from daemon.model.histogram import EXPORT_BOUNDS_S, BucketHistogram, Histogram, slot_bounds, slot_of
 
 
 def test_every_value_falls_inside_its_bucket():
@@ -36,3 +39,13 @@ def test_prometheus_buckets_are_cumulative_and_end_with_inf():
 
 def test_empty_histogram_has_no_quantile():
     assert np.isnan(Histogram().quantile(0.99))
+
+
+def test_bucket_histograms_with_other_bounds_add_up_on_the_first_ones():
+    # A service restarted with new buckets: its windows still merge (they used to raise).
+    old = BucketHistogram.from_cumulative([(0.1, 10), (0.5, 30), (math.inf, 40)], 8.0)
+    new = BucketHistogram.from_cumulative([(0.05, 5), (0.1, 10), (1.0, 30), (math.inf, 40)], 9.0)
+    both = old.plus(new)
+    assert both.bounds_s == old.bounds_s and both.count == 80 and both.total_s == 17.0
+    assert list(both.counts) == pytest.approx([20, 20 + 20 * 0.4 / 0.9, 10 + 10 + 20 * 0.5 / 0.9])
+    assert new.plus(old).bounds_s == new.bounds_s

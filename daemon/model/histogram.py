@@ -133,7 +133,19 @@ class BucketHistogram:
         return BucketHistogram(self.bounds_s, self.counts - earlier.counts, self.total_s - earlier.total_s)
 
     def plus(self, other: "BucketHistogram") -> "BucketHistogram":
+        """Both together, on this one's bounds (a service that changed its buckets, say on a
+        new version, has its other counts spread onto these as histogram_quantile would)."""
+        if other.bounds_s != self.bounds_s:
+            other = other.rebinned(self.bounds_s)
         return BucketHistogram(self.bounds_s, self.counts + other.counts, self.total_s + other.total_s)
+
+    def rebinned(self, bounds_s: tuple[float, ...]) -> "BucketHistogram":
+        """The same observations counted in other buckets: linear inside each of ours, all
+        of the +Inf bucket above the highest finite bound."""
+        n = self.counts.sum()
+        below = [n * (1.0 - self.fraction_above(b)) if not np.isinf(b) else n for b in bounds_s]
+        return BucketHistogram(tuple(bounds_s), np.diff(np.array(below, dtype=np.float64), prepend=0.0),
+                               self.total_s)
 
     def quantile(self, q: float) -> float:
         n = self.counts.sum()
