@@ -8,14 +8,12 @@ from __future__ import annotations
 import http.client
 import logging
 import math
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
-from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.control.actuators.http_json import _HTTP, _HTTPS
+from daemon.host.http_exchange import TooLarge, exchange
 from daemon.model.sample import Key, Sample
 from daemon.model import labels
 from daemon.model.histogram import BucketHistogram
@@ -105,20 +103,13 @@ class ScrapeError(Exception):
 def fetch(url: str, timeout_s: float, max_bytes: int) -> bytes:
     """GET url's body. Connecting, the headers and the body get timeout_s together, so a
     trickle ends there; a body over max_bytes is refused. Follows no redirect, uses no proxy."""
-    parts = urlsplit(url)
-    connection = _HTTPS if parts.scheme == "https" else _HTTP
-    conn = connection(parts.hostname, parts.port, timeout=timeout_s, deadline=time.monotonic() + timeout_s)
     try:
-        conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
-                     headers={"Accept": "text/plain"})
-        answer = conn.getresponse()
-        if answer.status != 200:
-            raise ScrapeError("cannot be read", f"HTTP {answer.status}")
-        body = answer.read(max_bytes + 1)
-    finally:
-        conn.close()
-    if len(body) > max_bytes:
-        raise ScrapeError("is too large", f"over {max_bytes} bytes")
+        status, _, body = exchange(url, headers={"Accept": "text/plain"}, timeout_s=timeout_s,
+                                   max_bytes=max_bytes)
+    except TooLarge as exc:
+        raise ScrapeError("is too large", str(exc)) from None
+    if status != 200:
+        raise ScrapeError("cannot be read", f"HTTP {status}")
     return body
 
 

@@ -7,13 +7,11 @@ the URL the config names, and never into a message."""
 from __future__ import annotations
 
 import http.client
-import io
 import json
-import time
-from urllib.parse import urlsplit
 
 from daemon.control.actuators import ActuatorError, numeric_settings, plain
 from daemon.control.actuators.safe_files import read_token
+from daemon.host.http_exchange import TooLarge, exchange
 
 MAX_ANSWER_BYTES = 1 << 20
 DETAIL_CHARS = 200      # of an error answer, quoted in the message
@@ -51,28 +49,11 @@ class HttpJsonActuator:
 
     def _exchange(self, method: str, data: bytes | None, headers: dict) -> tuple[int, str, bytes]:
         """(status, Location, body) of one exchange that ends within timeout_s, all of it."""
-        deadline = time.monotonic() + self.timeout_s
-        url = urlsplit(self.url)
-        connection = _HTTPS if url.scheme == "https" else _HTTP
-        conn = connection(url.hostname, url.port, timeout=self.timeout_s, deadline=deadline)
         try:
-            conn.request(method, (url.path or "/") + (f"?{url.query}" if url.query else ""), data, headers)
-            answer = conn.getresponse()
-            if (answer.length or 0) > MAX_ANSWER_BYTES:
-                raise self._too_large(method)
-            chunks, size = [], 0
-            while chunk := answer.read1(64 * 1024):
-                size += len(chunk)
-                if size > MAX_ANSWER_BYTES:
-                    raise self._too_large(method)
-                chunks.append(chunk)
-            return answer.status, answer.getheader("Location", ""), b"".join(chunks)
-        finally:
-            conn.close()
-
-    def _too_large(self, method: str) -> ActuatorError:
-        return ActuatorError(f"{method} {self.url}: the answer is larger than {MAX_ANSWER_BYTES} bytes",
-                             unreachable=False)
+            return exchange(self.url, method, data, headers, timeout_s=self.timeout_s, max_bytes=MAX_ANSWER_BYTES)
+        except TooLarge:
+            raise ActuatorError(f"{method} {self.url}: the answer is larger than {MAX_ANSWER_BYTES} bytes",
+                                unreachable=False) from None
 
     def current(self) -> dict[str, float]:
         reply, where = self._request("GET"), f"GET {self.url}"
@@ -89,58 +70,3 @@ def _printable(text: str, token: str) -> str:
     if token:
         text = text.replace(token, "<token>")
     return " ".join(text.split())
-
-
-class _Reads(io.RawIOBase):
-    """The answer's bytes off a socket, each read waiting only for what is left until the deadline."""
-
-    def __init__(self, sock, deadline: float):
-        self.sock, self.deadline = sock, deadline
-        self.raw = sock.makefile("rb", buffering=0)     # keeps the socket open while the answer is read
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the deadline passed")
-        self.sock.settimeout(left)
-        return self.raw.readinto(buffer)
-
-    def close(self) -> None:
-        self.raw.close()
-        super().close()
-
-
-class _DeadlineSocket:
-    """A connected socket whose answer (status line, headers, body) must arrive by one deadline."""
-
-    def __init__(self, sock, deadline: float):
-        self.sock, self.deadline = sock, deadline
-
-    def makefile(self, mode: str):
-        return io.BufferedReader(_Reads(self.sock, self.deadline))
-
-    def __getattr__(self, name: str):
-        return getattr(self.sock, name)
-
-
-class _Deadline:
-    """An http.client connection (which follows no redirect and reads no proxy settings) on a deadline."""
-
-    def __init__(self, *args, deadline: float, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.deadline = deadline
-
-    def connect(self) -> None:
-        super().connect()
-        self.sock = _DeadlineSocket(self.sock, self.deadline)
-
-
-class _HTTP(_Deadline, http.client.HTTPConnection):
-    pass
-
-
-class _HTTPS(_Deadline, http.client.HTTPSConnection):
-    pass
