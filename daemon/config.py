@@ -56,7 +56,6 @@ class TunerConf:
 @dataclass(frozen=True)
 class ServiceConf:
     spec: ServiceSpec
-    latency_metric: str = ""
     downstream: tuple[str, ...] = ()
     control: Control | None = None
     tuners: tuple[TunerConf, ...] = ()
@@ -172,8 +171,7 @@ def _service(file: Path, name: str, r: _Reader, default_tune_s: float) -> Servic
         spec.uid()
     except ValueError as exc:
         raise ConfigError(file, r.key("user"), str(exc)) from None
-    latency_metric = spec.latency_metric
-    if latency_metric and not metrics_url:
+    if spec.latency_metric and not metrics_url:
         raise ConfigError(file, r.key("latency_metric"), "needs metrics_url to read it from")
     downstream = tuple(r.get("downstream", list, []))
     for dep in downstream:
@@ -183,7 +181,7 @@ def _service(file: Path, name: str, r: _Reader, default_tune_s: float) -> Servic
     settings = _settings(file, r.table_of("settings"))
     tuners = _tuners(file, r, default_tune_s, control, settings)
     r.done()
-    return ServiceConf(spec, latency_metric, downstream, control, tuners, settings)
+    return ServiceConf(spec, downstream, control, tuners, settings)
 
 
 def _peers(file, r: _Reader) -> dict[int, str]:

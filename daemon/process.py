@@ -213,7 +213,7 @@ class Daemon:
         built = []
         for svc in self.cfg.services:
             w = window.build(svc.name, svc.spec.slo_p99_s, start, end, by_service.get(svc.name, []),
-                             svc.latency_metric)
+                             svc.spec.latency_metric)
             self.history[svc.name].append(w)
             built.append(w)
         names = [s.name for s in self.cfg.services]
