@@ -1,5 +1,6 @@
 """`python -m bench [NAME ...]` (what `make bench` runs): each benchmark in turn,
-printing the figures the README quotes. Without names, all but the GPU check."""
+printing the figures the README quotes. Without names, all but the GPU check and
+the soak (an hour: `python -m bench soak`, or `python -m bench.soak --minutes N`)."""
 from __future__ import annotations
 
 import importlib
@@ -13,11 +14,13 @@ BENCHES = {
     "daemon_footprint": "daemon CPU and RSS idle and under load, beside the stack's CPU (~1 min)",
     "attribution_matrix": "fault injection: injected cause x reported top cause (~10 min)",
     "nvml_sweep": "cost of one NVML sweep (GPU hosts; the failure path elsewhere)",
+    "soak": "an hour of diurnal load with SIGHUPs and gateway restarts: daemon RSS, fds, logs (~62 min)",
 }
+ON_REQUEST = {"soak"}   # too long for every `make bench`: run by name
 
 
 def main(argv: list[str]) -> int:
-    names = argv or list(BENCHES)
+    names = argv or [n for n in BENCHES if n not in ON_REQUEST]
     unknown = [n for n in names if n not in BENCHES]
     if unknown:
         print(f"unknown benchmark {', '.join(unknown)}; known:\n" +
