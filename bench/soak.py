@@ -69,27 +69,6 @@ def sample(pid: int, t: float) -> Sample:
                   len(os.listdir(f"/proc/{pid}/fd")), int(fields["Threads"][0]))
 
 
-def restart_service(cfg: launcher.StackConfig, state: dict, name: str) -> float:
-    """Stop one of the stack's services and start it again as launcher.start does (same argv, log,
-    run dir); record its new pid in the state file. Returns the seconds until it answered again."""
-    began = time.monotonic()
-    launcher._terminate({name: state["pids"][name]})
-    argv = launcher.commands(cfg, launcher.init_run_dir(cfg.run_dir))[name]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(launcher.ROOT),
-                                                                    os.environ.get("PYTHONPATH")])))
-    with open(cfg.run_dir / f"{name}.log", "ab") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                cwd=cfg.run_dir, start_new_session=True)
-    state["pids"][name] = proc.pid
-    (cfg.run_dir / launcher.STATE_FILE).write_text(json.dumps(state, indent=2))
-    while not launcher._healthy(state["urls"][name]):
-        if proc.poll() is not None or time.monotonic() - began > cfg.startup_timeout_s:
-            raise RuntimeError(f"{name} did not come back after a restart (exit {proc.poll()}); "
-                               f"see {cfg.run_dir / (name + '.log')}")
-        time.sleep(0.2)
-    return time.monotonic() - began
-
-
 def audit_figures(path: Path) -> tuple[int, int, Counter]:
     """(entries, entries that parse as JSON, their outcomes) of the audit log."""
     lines = [line for line in path.read_text().splitlines() if line] if path.exists() else []
@@ -160,7 +139,7 @@ def run_soak(args, work: Path) -> int:
                 hups += 1
                 next_hup += args.hup_every_s
             if args.restart_every_s and now >= next_restart:
-                downtimes.append(restart_service(cfg, state, "gateway"))
+                downtimes.append(launcher.restart(cfg, state, "gateway"))
                 restarts += 1
                 next_restart += args.restart_every_s
             if now >= next_line and samples:

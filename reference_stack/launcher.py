@@ -171,11 +171,18 @@ def _tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
+def _spawn(cfg: StackConfig, name: str, argv: list[str]) -> subprocess.Popen:
+    """One of the stack's processes, in its own session, logging to <run dir>/<name>.log."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    with open(cfg.run_dir / f"{name}.log", "ab") as log:
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, cwd=cfg.run_dir, start_new_session=True)
+
+
 def start(cfg: StackConfig) -> dict:
     """Start every process, wait until each answers, write <run dir>/state.json and return that state.
     On failure, stop what was started and raise RuntimeError with the failing process's log tail."""
     files = init_run_dir(cfg.run_dir)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     base = urls(cfg)
     state = {"run_dir": str(cfg.run_dir), "pids": {}, "urls": base, "query_url": base["gateway"] + "/query",
              "sidecar_tls_url": f"https://127.0.0.1:{cfg.sidecar_port}", "redis_port": cfg.redis_port,
@@ -185,10 +192,7 @@ def start(cfg: StackConfig) -> dict:
     procs: dict[str, subprocess.Popen] = {}
     try:
         for name, argv in commands(cfg, files).items():
-            log = open(cfg.run_dir / f"{name}.log", "ab")
-            procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                           env=env, cwd=cfg.run_dir, start_new_session=True)
-            log.close()
+            procs[name] = _spawn(cfg, name, argv)
             state["pids"][name] = procs[name].pid
         deadline = time.monotonic() + cfg.startup_timeout_s
         waiting = dict(procs)
@@ -208,6 +212,22 @@ def start(cfg: StackConfig) -> dict:
         raise
     (cfg.run_dir / STATE_FILE).write_text(json.dumps(state, indent=2))
     return state
+
+
+def restart(cfg: StackConfig, state: dict, name: str) -> float:
+    """Stop one service and start it again as start() did (same argv, log, run dir), record its
+    new pid in the state file; the seconds until it answered again. RuntimeError if it does not."""
+    began = time.monotonic()
+    _terminate({name: state["pids"][name]})
+    proc = _spawn(cfg, name, commands(cfg, init_run_dir(cfg.run_dir))[name])
+    state["pids"][name] = proc.pid
+    (cfg.run_dir / STATE_FILE).write_text(json.dumps(state, indent=2))
+    while not _healthy(state["urls"][name]):
+        if proc.poll() is not None or time.monotonic() - began > cfg.startup_timeout_s:
+            raise RuntimeError(f"{name} did not come back after a restart (exit {proc.poll()}); "
+                               f"see {cfg.run_dir / (name + '.log')}")
+        time.sleep(0.2)
+    return time.monotonic() - began
 
 
 def load_state(run_dir: Path) -> dict:

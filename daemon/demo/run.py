@@ -22,7 +22,7 @@ from daemon.commands.status import render
 from daemon.demo.stack_config import for_reference_stack
 from reference_stack import launcher, loadgen
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GATEWAY_SLO_MS = 600.0
 INFERENCE_SLO_MS = 500.0
 CALIBRATION_S = 10.0

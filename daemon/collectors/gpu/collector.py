@@ -5,7 +5,6 @@ stays down (`up` False, collect() returns [])."""
 from __future__ import annotations
 
 import ctypes
-import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
