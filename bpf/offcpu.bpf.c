@@ -24,6 +24,8 @@ static __always_inline u32 syscall_class(long nr)
     case 35: case 230:                                             /* nanosleep clock_nanosleep */
         return OFFCPU_SLEEP;
     case 0: case 1: case 17: case 18: case 19: case 20:            /* read write pread64 pwrite64 readv writev */
+    case 295: case 296: case 327: case 328:                        /* preadv pwritev preadv2 pwritev2 */
+    case 74: case 75: case 277:                                    /* fsync fdatasync sync_file_range */
         return OFFCPU_IO;
 #elif defined(__aarch64__)
     case 206: case 207: case 211: case 212: case 243: case 269:
@@ -37,6 +39,8 @@ static __always_inline u32 syscall_class(long nr)
     case 101: case 115:
         return OFFCPU_SLEEP;
     case 63: case 64: case 65: case 66: case 67: case 68:
+    case 69: case 70: case 286: case 287:
+    case 82: case 83: case 84:
         return OFFCPU_IO;
 #endif
     default:
