@@ -49,3 +49,15 @@ def test_bucket_histograms_with_other_bounds_add_up_on_the_first_ones():
     assert both.bounds_s == old.bounds_s and both.count == 80 and both.total_s == 17.0
     assert list(both.counts) == pytest.approx([20, 20 + 20 * 0.4 / 0.9, 10 + 10 + 20 * 0.5 / 0.9])
     assert new.plus(old).bounds_s == new.bounds_s
+
+
+def test_quantiles_stay_inside_the_filled_buckets_and_follow_the_exact_sum():
+    sleeps = Histogram.from_values([5.05e6, 5.08e6, 5.1e6, 5.2e6])      # one bucket, 4.72 to 5.24 ms
+    low, high = slot_bounds(slot_of(5.05e6))
+    assert low / 1e9 <= sleeps.quantile(0.0) and sleeps.quantile(1.0) <= high / 1e9
+    assert sleeps.quantile(0.5) == pytest.approx(sleeps.mean())         # the bucket's middle is 4.98 ms
+    spread = Histogram.from_values([3000, 5e6, 7e8])
+    assert spread.quantile(0.0) * 1e9 >= slot_bounds(slot_of(3000))[0]  # was 0: the empty first bucket
+    assert spread.quantile(1.5) * 1e9 <= slot_bounds(slot_of(7e8))[1]
+    no_sum = Histogram(sleeps.counts.copy())                            # a source that keeps no sum
+    assert no_sum.quantile(0.5) * 1e9 == pytest.approx((low + high) / 2)

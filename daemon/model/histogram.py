@@ -33,6 +33,10 @@ def slot_bounds(slot: int) -> tuple[float, float]:
     return float(low), float(low + width)
 
 
+LOWS = np.array([slot_bounds(s)[0] for s in range(SLOTS)])                # each bucket's low edge, ns
+WIDTHS = np.array([slot_bounds(s)[1] - slot_bounds(s)[0] for s in range(SLOTS)])
+
+
 @dataclass
 class Histogram:
     """Counts per slot (ns). `total_ns` is the exact sum where the source keeps one."""
@@ -62,19 +66,35 @@ class Histogram:
         return Histogram(self.counts + other.counts, self.total_ns + other.total_ns)
 
     def quantile(self, q: float) -> float:
-        """q-quantile in seconds, linear inside the bucket; NaN when empty."""
+        """q-quantile in seconds, NaN when empty; never outside the non-empty buckets.
+        Linear inside the bucket the rank falls in, over the part of it where the
+        exact sum says the observations sit (see occupied()): 5 ms sleeps, 5.05 to
+        5.2 ms each in the bucket 4.72 to 5.24 ms, read 5.1 ms at P50 where the
+        bucket's middle would say 4.98 ms."""
         n = self.count
         if n == 0:
             return float("nan")
-        rank = q * n
+        rank = min(max(q, 0.0), 1.0) * n
         cumulative = np.cumsum(self.counts)
+        filled = np.flatnonzero(self.counts)
         slot = int(np.searchsorted(cumulative, rank, side="left"))
-        slot = min(slot, SLOTS - 1)
+        slot = min(max(slot, int(filled[0])), int(filled[-1]))
         before = cumulative[slot - 1] if slot else 0
-        low, high = slot_bounds(slot)
-        inside = self.counts[slot]
-        frac = (rank - before) / inside if inside else 0.0
-        return (low + (high - low) * min(max(frac, 0.0), 1.0)) / 1e9
+        frac = min(max((rank - before) / self.counts[slot], 0.0), 1.0)
+        start, end = self.occupied()
+        return (LOWS[slot] + WIDTHS[slot] * (start + (end - start) * frac)) / 1e9
+
+    def occupied(self) -> tuple[float, float]:
+        """The part [start, end] of every bucket (0 its low edge, 1 its high one)
+        that holds the observations, the same for all buckets: the widest one whose
+        middle is their mean position inside their buckets, which the exact sum
+        gives. The whole bucket where there is no sum that fits the buckets (a
+        source that keeps none). The estimate never leaves the rank's bucket."""
+        span = float((self.counts * WIDTHS).sum())
+        position = (self.total_ns - float((self.counts * LOWS).sum())) / span if span else 0.5
+        if not 0.0 <= position <= 1.0:
+            return 0.0, 1.0
+        return (2 * position - 1, 1.0) if position >= 0.5 else (0.0, 2 * position)
 
     def mean(self) -> float:
         n = self.count
