@@ -7,9 +7,12 @@ import sys
 import textwrap
 import time
 
+import numpy as np
+
 from daemon.collectors.kernel.collector import KernelCollector
 from daemon.collectors.kernel.families import FAMILIES, make_families
 from daemon.collectors.kernel.program import program_text
+from daemon.model.histogram import slot_bounds
 from daemon.model.service import ServiceSpec
 
 NAME = "probes"
@@ -66,16 +69,29 @@ def listing(families) -> str:
 
 
 def table(samples) -> str:
-    lines = [f"{'service':<14} {'signal':<16} {'label':<10} {'count':>8} {'p50':>10} {'p99':>10}"]
+    """One line per histogram (count, p50, p99, and max: the high edge of the
+    highest bucket filled) and per counter."""
+    lines = [f"{'service':<14} {'signal':<16} {'label':<10} {'count':>8} {'p50':>10} {'p99':>10} {'max':>10}"]
     for s in samples:
         for (signal, label), h in sorted(s.histograms.items()):
+            top = slot_bounds(int(np.flatnonzero(h.counts)[-1]))[1] / 1e9
             lines.append(f"{s.service:<14} {signal:<16} {label:<10} {h.count:>8} "
-                         f"{fmt(h.quantile(0.5)):>10} {fmt(h.quantile(0.99)):>10}")
+                         f"{fmt(h.quantile(0.5)):>10} {fmt(h.quantile(0.99)):>10} {fmt(top):>10}")
         for (signal, label), v in sorted(s.counters.items()):
             lines.append(f"{s.service:<14} {signal:<16} {label:<10} {v:>8.0f}")
         if not s.histograms and not s.counters:
             lines.append(f"{s.service:<14} (nothing this interval; {s.gauges.get(('processes', ''), 0):.0f} processes)")
     return "\n".join(lines)
+
+
+def attach_report(attached: dict[str, bool]) -> str:
+    """What attached and what did not, said once when the probes are loaded."""
+    lines = []
+    for ok, title in ((True, "attached"), (False, "not attached")):
+        probes = [p for p, state in attached.items() if state is ok]
+        if probes:
+            lines += textwrap.wrap(f"{title} ({len(probes)}): {', '.join(probes)}", 100, subsequent_indent="    ")
+    return "\n".join(lines) or "attached: nothing"
 
 
 def fmt(seconds: float) -> str:
@@ -107,9 +123,7 @@ def run(args) -> int:
     if not collector.up:
         print(f"kernel probes could not load: {collector.start_error}\nrun `slotune doctor` for the fix")
         return 1
-    failed = [p for p, ok in collector.attached.items() if not ok]
-    if failed:
-        print(f"not attached: {', '.join(failed)}")
+    print(attach_report(collector.attached), flush=True)
     try:
         shown, last = 0, time.time()
         while not args.count or shown < args.count:

@@ -1,10 +1,12 @@
 """`slotune probes`: --print shows exactly what BCC compiles; --watch shows a
-service's figures; bad input names the input and the fix."""
+service's figures (count, p50, p99, max) after saying once what attached and
+what did not; bad input names the input and the fix."""
 import re
 import threading
 import urllib.request
 
 from bpf import header, source
+from daemon.commands.probes import attach_report
 from daemon.collectors.kernel.families import FAMILIES
 from daemon.collectors.kernel.program import HINT_SLOTS
 from daemon.model.histogram import SLOTS, SUB_BITS
@@ -64,9 +66,20 @@ def test_watch_prints_a_table_for_the_service(root_only, spawn, tag):
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("service        signal") == 2
     assert re.search(r"^web +http_request +\d+ ", result.stdout, re.M), result.stdout
+    assert result.stdout.count("attached (") == 1 and "not attached" not in result.stdout
+    assert re.search(r"^attached \(\d+\): sched:sched_process_fork, ", result.stdout, re.M), result.stdout
+    assert "syscalls:sys_exit_accept4," in result.stdout.split("service        signal")[0]
+    assert "p99        max\n" in result.stdout
+    p50, p99, top = re.search(r"^web +http_request +\d+ +(\S+) +(\S+) +(\S+)$", result.stdout, re.M).groups()
+    assert all(v.endswith(("s", "ms", "µs")) for v in (p50, p99, top)), (p50, p99, top)
 
 
 def test_bad_input_names_the_fix():
     assert "expected NAME=MATCH" in run_slotune("probes", "--watch", "--service", "web").stderr
     assert "known: runqueue, offcpu, tcp, tls, http" in run_slotune("probes", "--print", "--family", "dns").stderr
     assert "needs at least one --service" in run_slotune("probes", "--watch").stderr
+
+
+def test_watch_says_what_attached_and_what_did_not():
+    report = attach_report({"sched:sched_switch": True, "uprobe:/lib/libssl.so.3:SSL_read": False})
+    assert report == "attached (1): sched:sched_switch\nnot attached (1): uprobe:/lib/libssl.so.3:SSL_read"
