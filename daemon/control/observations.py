@@ -2,7 +2,7 @@
 Generic signals come from the Window (latency, rate, rejections, goodput);
 the rest from well-known metric families a service may export (in flight,
 batches, traces kept, tool calls, breakers, stage timings), found by name
-suffix. Each builder takes the same Inputs; daemon.control.tuner_specs names
+suffix, and the degraded answers its latency histogram labels. Each builder takes the same Inputs; daemon.control.tuner_specs names
 them, and the settings a budget decision means."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable, Mapping
 
-from tuners import batch, breaker, budget, drift, sampling, throttle
+from tuners import batch, breaker, budget, degrade, drift, sampling, throttle
 
 from daemon.config import ServiceConf
 from daemon.model import labels
@@ -19,6 +19,7 @@ from daemon.model.interval import Span
 from daemon.model.window import Window
 
 MIN_REQUESTS = 5   # a window with fewer says little about a tail
+DEGRADED_OUTCOME = "degraded"   # the outcome label of an answer given degraded (still a 200)
 
 
 @dataclass(frozen=True)
@@ -47,13 +48,14 @@ def _seconds(windows: list[Window]) -> float:
     return max(sum(w.seconds for w in windows), 1e-9)
 
 
-def _family_sum(windows: list[Window], suffix: str, label_has: str = "") -> float:
-    """Sum of counter deltas (or histogram counts) of families ending in `suffix`."""
+def _family_sum(windows: list[Window], suffix: str, **wanted: str) -> float:
+    """Sum of counter deltas (or histogram counts) of families ending in `suffix`, of the
+    series whose labels have the wanted values (outcome="error")."""
     total = 0.0
     for w in windows:
         for table in (w.counters, w.histograms):
             for (fam, label), v in table.items():
-                if fam.endswith(suffix) and label_has in label:
+                if fam.endswith(suffix) and all(labels.value(label, k) == want for k, want in wanted.items()):
                     total += v if isinstance(v, float) else v.count
     return total
 
@@ -100,6 +102,21 @@ def for_throttle(i: Inputs) -> throttle.Observation:
         queue_p99_s=queue_p99(windows, i.history, hist))
 
 
+def for_degrade(i: Inputs) -> degrade.Observation:
+    """The throttle's view of the interval plus the answers given degraded: those the
+    service's latency histogram labels outcome="degraded" (the dimmer's, and those a
+    failed tool degraded)."""
+    windows = i.recent
+    hist, secs = i.span.latency, _seconds(windows)
+    degraded = sum(h.count for w in windows for (fam, label), h in w.histograms.items()
+                   if fam == i.conf.spec.latency_metric and labels.value(label, "outcome") == DEGRADED_OUTCOME)
+    return degrade.Observation(
+        now=i.now, slo_s=i.conf.spec.slo_p99_s, p99_s=_q(hist, 0.99),
+        arrival_rps=sum(w.requests + w.rejected for w in windows) / secs,
+        completed_rps=sum(w.requests for w in windows) / secs, degraded_rps=degraded / secs,
+        refused_rps=sum(w.rejected for w in windows) / secs, queue_p99_s=queue_p99(windows, i.history, hist))
+
+
 def for_batch(i: Inputs) -> batch.Observation:
     windows = i.recent
     hist, secs = i.span.latency, _seconds(windows)
@@ -127,14 +144,14 @@ def for_sampling(i: Inputs) -> sampling.Observation:
     return sampling.Observation(
         now=i.now, request_rps=sum(w.requests for w in windows) / secs,
         error_rps=sum(w.errors for w in windows) / secs, p90_s=_q(hist, 0.9), p99_s=_q(hist, 0.99),
-        kept_rps=_family_sum(windows, "_traces_total", "sampled=true") / secs,
+        kept_rps=_family_sum(windows, "_traces_total", sampled="true") / secs,
         budget_traces_per_s=i.options["budget_traces_per_s"])
 
 
 def for_breaker(i: Inputs) -> breaker.Observation:
     windows = i.recent
     calls = _family_sum(windows, "_tool_calls_total")
-    failures = _family_sum(windows, "_tool_calls_total", "outcome=error")
+    failures = _family_sum(windows, "_tool_calls_total", outcome="error")
     open_now = [v for (fam, _), v in (windows[-1].gauges.items() if windows else ()) if fam.endswith("_breaker_open")]
     return breaker.Observation(now=i.now, calls=int(calls), failures=int(failures),
                                breaker_open=any(v > 0 for v in open_now),
