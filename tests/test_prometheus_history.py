@@ -1,5 +1,7 @@
 """Prometheus as the baseline history: a real Prometheus scrapes a real exporter
-of a histogram with known observations; the quantile series must match them."""
+of a histogram with known observations and of the daemon's slotune_deploy_info;
+the quantile series must match them, under the exporter's deploy id."""
+import re
 import socket
 import subprocess
 import threading
@@ -7,10 +9,11 @@ import time
 from urllib.request import urlopen
 
 import pytest
-from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
 
 from daemon.store.baselines import BaselineStore
-from daemon.store.prometheus_history import PrometheusError, PrometheusHistory
+from daemon.store.prometheus_history import DEPLOY_INFO, PrometheusError, PrometheusHistory, history_query
+from tests.conftest import run_slotune
 
 HISTOGRAM = "slotune_http_request_duration_seconds"
 BUCKETS = [round(0.1 * i, 1) for i in range(1, 11)]
@@ -26,9 +29,12 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def exporter():
     """An in-process exporter whose service observes 0.005, 0.015, ... 0.995 s, over and over:
-    uniform over 0..1 s, so its P90 is 0.9 s and its P50 0.5 s."""
+    uniform over 0..1 s, so its P90 is 0.9 s and its P50 0.5 s; beside it the deploy info
+    of a daemon on host "h1" (deploy v1, production)."""
     registry = CollectorRegistry()
     latency = Histogram(HISTOGRAM, "request latency", ["service"], buckets=BUCKETS, registry=registry)
+    Gauge(DEPLOY_INFO, "deploy", ["host", "environment", "deploy_id"], registry=registry).labels(
+        "h1", "production", "v1").set(1)
     server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
     stop = threading.Event()
 
@@ -74,46 +80,59 @@ def prometheus(exporter, tmp_path_factory):
         proc.wait()
 
 
+def quantile(q: float, service: str = "svc", host: str = "h1", environment: str = "production") -> str:
+    """The service's own histogram's q-quantile, rated over 5 s, labelled by the daemon's deploy info."""
+    return history_query("p_seconds", service, host, environment, 5, histogram=HISTOGRAM, q=q)
+
+
 @pytest.fixture(scope="module")
 def history(prometheus):
     """The history once Prometheus holds enough scrapes for a rate: polled, with a deadline."""
     history = PrometheusHistory(prometheus)
     deadline = time.monotonic() + DEADLINE_S
-    while len(history.quantile_series(HISTOGRAM, "svc", 0.9, time.time() - 60, time.time(), 1, 5)) < 5:
+    while len(history.by_deploy(quantile(0.9), time.time() - 60, time.time(), 1).get("v1", [])) < 5:
         assert time.monotonic() < deadline, f"no {HISTOGRAM} quantiles from {prometheus} in {DEADLINE_S} s"
         time.sleep(0.5)
     return history
 
 
-def test_quantile_series_matches_the_observations(history):
+def test_quantile_series_match_the_observations_under_the_deploy_id(history):
     now = float(int(time.time()))
     for q, expected in ((0.9, 0.9), (0.5, 0.5)):
-        series = history.quantile_series(HISTOGRAM, "svc", q, now - 60, now, 1, window_s=5)
-        assert len(series) >= 3
-        assert all(now - 60 <= t <= now for t, _ in series)
-        assert all(value == pytest.approx(expected, abs=0.03) for _, value in series), series
+        deploys = history.by_deploy(quantile(q), now - 60, now, 1)
+        assert list(deploys) == ["v1"]
+        assert len(deploys["v1"]) >= 3
+        assert all(now - 60 <= t <= now for t, _ in deploys["v1"])
+        assert all(value == pytest.approx(expected, abs=0.03) for _, value in deploys["v1"]), deploys
 
 
-def test_a_service_without_data_has_an_empty_history(history):
-    assert history.quantile_series(HISTOGRAM, "other", 0.9, time.time() - 60, time.time(), 1) == []
+def test_another_service_host_or_environment_has_an_empty_history(history):
+    for query in (quantile(0.9, service="other"), quantile(0.9, host="h2"), quantile(0.9, environment="staging")):
+        assert history.by_deploy(query, time.time() - 60, time.time(), 1) == {}
 
 
 def test_long_ranges_are_fetched_in_chunks_prometheus_accepts(history):
     now = float(int(time.time()))
-    series = history.quantile_series(HISTOGRAM, "svc", 0.9, now - 2 * 3600, now, 0.5, window_s=5)  # 14 400 steps
+    series = history.by_deploy(quantile(0.9), now - 2 * 3600, now, 0.5)["v1"]  # 14 400 steps
     assert series and series[-1][1] == pytest.approx(0.9, abs=0.03)
 
 
 def test_import_into_the_baseline_store(history, tmp_path):
     now = float(int(time.time()))
     with BaselineStore(tmp_path / "b.sqlite") as store:
-        args = dict(histogram=HISTOGRAM, q=0.9, start=now - 60, end=now, step=1, window_s=5,
-                    environment="production", deploy_id="v1")
-        imported = history.import_into(store, "svc", "p90_seconds", **args)
-        assert history.import_into(store, "svc", "p90_seconds", **args) == imported  # again: replaces
+        args = dict(start=now - 60, end=now, step=1, environment="production")
+        imported = history.import_into(store, "svc", "p90_seconds", quantile(0.9), **args)
+        again = history.import_into(store, "svc", "p90_seconds", quantile(0.9), **args)
         summary = store.summary("svc", "p90_seconds", "production", "v1")
-    assert imported >= 3 and summary.count == imported
+    assert len(imported["v1"]) >= 3 and summary.count == len(again["v1"])   # again: replaces, not doubles
     assert summary.mean == pytest.approx(0.9, abs=0.03)
+
+
+def test_two_series_of_one_deploy_are_refused_naming_both(history):
+    """As when two daemons on one hostname (two network namespaces of one machine) report the same host."""
+    twice = f'label_replace({DEPLOY_INFO}, "instance", "10.0.0.2:9477", "", "") or {DEPLOY_INFO}'
+    with pytest.raises(PrometheusError, match=r"two series for deploy 'v1' \(.*10.0.0.2:9477.* and .*\).*own hostname"):
+        history.by_deploy(twice, time.time() - 10, time.time(), 1)
 
 
 def test_errors_name_the_url_and_the_query(prometheus):
@@ -121,6 +140,22 @@ def test_errors_name_the_url_and_the_query(prometheus):
         PrometheusHistory(prometheus).query_range("sum(", 0, 10, 1)
     down = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(PrometheusError, match=rf"Prometheus at {down}, query histogram_quantile\(0.99, .*not reachable"):
-        PrometheusHistory(down).quantile_series(HISTOGRAM, "svc", 0.99, 0, 10, 1)
+        PrometheusHistory(down).by_deploy(quantile(0.99), 0, 10, 1)
     with pytest.raises(ValueError, match="not a Prometheus metric name"):
-        PrometheusHistory(prometheus).quantile_series("bad name", "svc", 0.99, 0, 10, 1)
+        history_query("p99", "svc", "h1", "production", 60, histogram="bad name")
+    with pytest.raises(ValueError, match="no PromQL for metric 'p98'; known: latency_p50_seconds"):
+        history_query("p98", "svc", "h1", "production", 60)
+
+
+def test_cli_imports_a_quantile_of_the_services_own_histogram(history, prometheus, tmp_path):
+    store = tmp_path / "b.sqlite"
+    out = run_slotune("baseline", "import", "--from-prometheus", prometheus, "--service", "svc", "--host", "h1",
+                      "--histogram", HISTOGRAM, "--metric", "latency_p90_seconds", "--since", "1m", "--step", "5s",
+                      "--store", str(store))
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"svc  latency_p90_seconds +\d+ points  mean 0\.9\d*  deploys v1 \(\d+\)", out.stdout), out.stdout
+    with BaselineStore(store) as s:   # the quantile the metric's name says
+        assert s.summary("svc", "latency_p90_seconds", "production", "v1").mean == pytest.approx(0.9, abs=0.03)
+    unnamed = run_slotune("baseline", "import", "--from-prometheus", prometheus, "--service", "svc",
+                          "--histogram", HISTOGRAM, "--metric", "slow_seconds", "--store", str(store))
+    assert unnamed.returncode == 2 and "which quantile is slow_seconds? pass --quantile" in unnamed.stderr

@@ -1,6 +1,9 @@
-"""Prometheus as a history source for baselines: quantile series of a service's
-latency histogram over /api/v1/query_range, and their import into the baseline
-store, so a fleet can keep Prometheus as its store of record."""
+"""Prometheus as a history source for baselines: PromQL for each baseline metric
+of one service on one host, labelled with the deploy id and environment that
+the host's daemon exports in slotune_deploy_info, run over /api/v1/query_range
+and copied into the baseline store, so a fleet can keep Prometheus as its
+store of record (`slotune baseline import`, and the daemon's
+`baseline_source = "prometheus"`)."""
 from __future__ import annotations
 
 import json
@@ -12,6 +15,16 @@ from urllib.request import urlopen
 
 MAX_POINTS = 10_000  # Prometheus refuses more than 11 000 points per series in one query
 METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+DEPLOY_INFO = "slotune_deploy_info"   # {host, environment, deploy_id} 1, exported by each daemon
+# The store's metrics as the daemon exports them, one value per step for one service:
+# {sel} is the service's label matcher, {w} the step (the daemon's per-window P99 gauge
+# averaged over the step; request and error counters as rates over the step).
+STORE_METRICS = {
+    "latency_p50_seconds": 'avg_over_time(slotune_service_latency_seconds{{{sel},quantile="0.5"}}[{w}])',
+    "latency_p99_seconds": 'avg_over_time(slotune_service_latency_seconds{{{sel},quantile="0.99"}}[{w}])',
+    "throughput_rps": "rate(slotune_service_requests_total{{{sel}}}[{w}])",
+    "error_ratio": "rate(slotune_service_errors_total{{{sel}}}[{w}]) / rate(slotune_service_requests_total{{{sel}}}[{w}])",
+}
 
 
 class PrometheusError(RuntimeError):
@@ -22,16 +35,35 @@ def label_value(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def quantile_query(histogram: str, service: str, q: float, window_s: float) -> str:
-    """PromQL for the q-quantile of `histogram` (its name without _bucket) for one service."""
-    if not METRIC_NAME.fullmatch(histogram):
-        raise ValueError(f"histogram name {histogram!r} is not a Prometheus metric name")
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"quantile {q!r} must be within 0..1 (0.99 for P99)")
-    if not window_s >= 1:
-        raise ValueError(f"rate window {window_s!r} s must be at least 1 s (4 scrape intervals is usual)")
-    return (f"histogram_quantile({q}, sum by (le) (rate({histogram}_bucket{{service={label_value(service)}}}"
-            f"[{int(window_s)}s])))")
+def deploy_labels(host: str, environment: str, window: str) -> str:
+    """1 per instance of the host's daemon at each step, labelled with the environment and
+    deploy id it exported within the step's window (the values' own window, not the
+    5-minute lookback: a deploy's id ends where its samples do); in the one step where
+    two deploys meet, one of them."""
+    return (f"topk by (instance) (1, last_over_time({DEPLOY_INFO}{{host={label_value(host)},"
+            f"environment={label_value(environment)}}}[{window}]))")
+
+
+def history_query(metric: str, service: str, host: str, environment: str, step_s: float,
+                  histogram: str = "", q: float = 0.99) -> str:
+    """PromQL for one store metric of one service, one value per step, a series per deploy id.
+    With `histogram` (a service's own histogram, its name without _bucket) the metric is
+    its q-quantile; the service must share `instance` with the daemon (relabel it to the host)."""
+    if not step_s >= 1:
+        raise ValueError(f"step {step_s!r} s must be at least 1 s (at least 2 scrape intervals for the rates)")
+    sel, w = f"service={label_value(service)}", f"{int(step_s)}s"
+    join = f"* on (instance) group_left (environment, deploy_id) {deploy_labels(host, environment, w)}"
+    if histogram:
+        if not METRIC_NAME.fullmatch(histogram):
+            raise ValueError(f"histogram name {histogram!r} is not a Prometheus metric name")
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile {q!r} must be within 0..1 (0.99 for P99)")
+        return (f"histogram_quantile({q}, sum by (le, environment, deploy_id) "
+                f"(rate({histogram}_bucket{{{sel}}}[{w}]) {join}))")
+    if metric not in STORE_METRICS:
+        raise ValueError(f"no PromQL for metric {metric!r}; known: {', '.join(STORE_METRICS)} "
+                         "(or name a service's own histogram)")
+    return f"({STORE_METRICS[metric].format(sel=sel, w=w)}) {join}"
 
 
 class PrometheusHistory:
@@ -39,20 +71,20 @@ class PrometheusHistory:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
 
-    def query_range(self, query: str, start: float, end: float, step: float) -> list[tuple[float, float]]:
-        """One series' (t, value) points, in chunks Prometheus accepts; NaN points left out.
-        A query that yields several series is refused: history wants one."""
+    def query_range(self, query: str, start: float, end: float, step: float) -> list[tuple[dict, list]]:
+        """Each series' (labels, [(t, value)]), in chunks Prometheus accepts; NaN points left out."""
         if not (step > 0 and end >= start):
             raise ValueError(f"query range start={start} end={end} step={step}: need step > 0 and end >= start")
-        points: list[tuple[float, float]] = []
+        series: dict[tuple, tuple[dict, list]] = {}
         chunk_start = start
         while chunk_start <= end:
             chunk_end = min(end, chunk_start + step * (MAX_POINTS - 1))
-            points += self._query_chunk(query, chunk_start, chunk_end, step)
+            for labels, points in self._query_chunk(query, chunk_start, chunk_end, step):
+                series.setdefault(tuple(sorted(labels.items())), (labels, []))[1].extend(points)
             chunk_start = chunk_end + step
-        return points
+        return list(series.values())
 
-    def _query_chunk(self, query, start, end, step) -> list[tuple[float, float]]:
+    def _query_chunk(self, query, start, end, step) -> list[tuple[dict, list]]:
         url = f"{self.url}/api/v1/query_range?" + urlencode(
             {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"})
         where = f"Prometheus at {self.url}, query {query}"
@@ -70,24 +102,40 @@ class PrometheusHistory:
                                   "(check the URL and that Prometheus runs)") from None
         except ValueError as exc:
             raise PrometheusError(f"{where}: answer is not JSON ({exc}): is this URL Prometheus?") from None
-        if body.get("status") != "success":
-            raise PrometheusError(f"{where}: {body.get('errorType', 'error')}: {body.get('error')}")
-        series = body["data"]["result"]
-        if len(series) > 1:
-            labels = [s["metric"] for s in series[:3]]
-            raise PrometheusError(f"{where}: {len(series)} series (e.g. {labels}); aggregate to one")
-        values = series[0]["values"] if series else []
-        return [(float(t), float(v)) for t, v in values if math.isfinite(float(v))]
+        if not isinstance(body, dict) or body.get("status") != "success":
+            error = body.get("error") if isinstance(body, dict) else body
+            raise PrometheusError(f"{where}: {error}: is this URL Prometheus' (or Thanos/Mimir's) query API?")
+        try:
+            return [(s["metric"], [(float(t), float(v)) for t, v in s["values"] if math.isfinite(float(v))])
+                    for s in body["data"]["result"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PrometheusError(f"{where}: not a range query answer ({type(exc).__name__}: {exc}): "
+                                  "is this URL Prometheus' query API?") from None
 
-    def quantile_series(self, histogram: str, service: str, q: float, start: float, end: float,
-                        step: float, window_s: float = 60.0) -> list[tuple[float, float]]:
-        """(t, seconds) of the q-quantile of the service's `histogram`, rate over window_s;
-        steps without observations in the window are left out."""
-        return self.query_range(quantile_query(histogram, service, q, window_s), start, end, step)
+    def by_deploy(self, query: str, start: float, end: float, step: float) -> dict[str, list[tuple[float, float]]]:
+        """deploy id -> its (t, value) points in time order, for a history_query. Two series of
+        one deploy (two daemons claiming the same host) are refused, naming both."""
+        out: dict[str, list] = {}
+        owners: dict[str, dict] = {}
+        for labels, points in self.query_range(query, start, end, step):
+            deploy = labels.get("deploy_id", "")
+            if not deploy:
+                raise PrometheusError(f"Prometheus at {self.url}, query {query}: a series without deploy_id "
+                                      f"({labels}); the query must join {DEPLOY_INFO}")
+            if deploy in owners:
+                raise PrometheusError(
+                    f"Prometheus at {self.url}, query {query}: two series for deploy {deploy!r} ({owners[deploy]} "
+                    f"and {labels}): two daemons export the same host label; give each host its own hostname")
+            owners[deploy] = labels
+            out[deploy] = sorted(points)
+        return out
 
-    def import_into(self, store, service: str, metric: str, *, histogram: str, q: float, start: float,
-                    end: float, step: float, environment: str, deploy_id: str, window_s: float = 60.0) -> int:
-        """Copy a quantile series into the baseline store as `metric`; returns the points stored.
-        Importing the same range again replaces, it does not double."""
-        series = self.quantile_series(histogram, service, q, start, end, step, window_s)
-        return store.record_many((service, metric, value, t, environment, deploy_id) for t, value in series)
+    def import_into(self, store, service: str, metric: str, query: str, *, start: float, end: float,
+                    step: float, environment: str) -> dict[str, list[tuple[float, float]]]:
+        """Copy a history_query's series into the baseline store as `metric`, each under its
+        deploy id; returns the points stored, per deploy. Steps are aligned to multiples of
+        `step`, so importing the same range again replaces, it does not double."""
+        deploys = self.by_deploy(query, math.floor(start / step) * step, end, step)
+        for deploy, points in deploys.items():
+            store.record_many((service, metric, v, t, environment, deploy) for t, v in points)
+        return deploys
