@@ -18,6 +18,7 @@ from daemon.model.service import ServiceSpec
 DEFAULT_PATH = Path("/etc/slotune/slotune.toml")
 PROBE_FAMILIES = tuple(FAMILIES)     # every kernel probe family (daemon/collectors/kernel/families.py)
 ACTUATOR_KINDS = ("reference", "http-json", "file")
+BASELINE_SOURCES = ("local", "prometheus")
 
 
 class ConfigError(ValueError):
@@ -80,6 +81,7 @@ class Config:
     deploy_id: str = "unknown"
     dry_run: bool = False
     prometheus_url: str = ""
+    baseline_source: str = "local"            # where the drift tuner reads its baseline: local | prometheus
     probes: tuple[str, ...] = PROBE_FAMILIES
     bpf_map_entries: dict[str, int] = field(default_factory=lambda: dict(MAP_ENTRIES))   # BPF map -> size
     services: tuple[ServiceConf, ...] = ()
@@ -309,10 +311,14 @@ def load(path: str | Path = DEFAULT_PATH) -> Config:
         deploy_id=d.get("deploy_id", str, "") or os.environ.get("SLOTUNE_DEPLOY_ID", "unknown"),
         dry_run=d.get("dry_run", bool, False),
         prometheus_url=d.get("prometheus_url", str, ""),
+        baseline_source=d.get("baseline_source", str, "local", choices=BASELINE_SOURCES),
         probes=probes,
         bpf_map_entries=_map_entries(path, d.table_of("bpf_map_entries")),
     )
     d.done()
+    if cfg["baseline_source"] == "prometheus" and not cfg["prometheus_url"].startswith(("http://", "https://")):
+        raise ConfigError(path, "daemon.baseline_source", '"prometheus" needs daemon.prometheus_url, the http(s) '
+                          'URL of the Prometheus to read baselines from (or baseline_source = "local")')
     services_table = top.table_of("services")
     services = tuple(_service(path, name, services_table.table_of(name), tune_s) for name in list(services_table.table))
     if not services:

@@ -57,7 +57,7 @@ class Daemon:
         self.history: dict[str, deque] = defaultdict(lambda: deque(maxlen=self._history_len()))
         self.audit = AuditLog(cfg.audit_log)
         self.store = BaselineStore(cfg.baseline_store, busy_timeout_s=STORE_BUSY_S)
-        self.recorder = BaselineRecorder(self.store, cfg.environment, cfg.deploy_id, cfg.baseline_retention_days)
+        self.recorder = BaselineRecorder(self.store, cfg.environment, cfg.deploy_id, cfg.baseline_retention_days, lambda: self.cfg)
         self.registry.register(self.recorder)
         self.guard_file = GuardFile(cfg.state_file)
         self.control = ControlLoop(cfg, self._actuators(cfg), self.audit, self.dry_run, self.recorder.baseline,
