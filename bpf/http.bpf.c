@@ -97,26 +97,35 @@ static __always_inline int http_write_enter(u64 fd)
     return 0;
 }
 
-int on_accept_exit(struct tracepoint__syscalls__sys_exit_accept *args)   { return http_accepted(args->ret); }
-int on_accept4_exit(struct tracepoint__syscalls__sys_exit_accept4 *args) { return http_accepted(args->ret); }
+/* The tls family reads the same syscalls (bpf/tls.bpf.c): one program per
+ * tracepoint serves both. */
+#ifdef FAMILY_TLS
+#define TLS_ALSO(call) call
+#else
+#define TLS_ALSO(call)
+#endif
 
-int on_read_enter(struct tracepoint__syscalls__sys_enter_read *args)         { return http_read_enter(args->fd, (u64)args->buf); }
-int on_readv_enter(struct tracepoint__syscalls__sys_enter_readv *args)       { return http_read_enter(args->fd, 0); }
-int on_recvfrom_enter(struct tracepoint__syscalls__sys_enter_recvfrom *args) { return http_read_enter(args->fd, (u64)args->ubuf); }
-int on_recvmsg_enter(struct tracepoint__syscalls__sys_enter_recvmsg *args)   { return http_read_enter(args->fd, 0); }
-int on_read_exit(struct tracepoint__syscalls__sys_exit_read *args)         { return http_read_exit(args->ret); }
-int on_readv_exit(struct tracepoint__syscalls__sys_exit_readv *args)       { return http_read_exit(args->ret); }
-int on_recvfrom_exit(struct tracepoint__syscalls__sys_exit_recvfrom *args) { return http_read_exit(args->ret); }
-int on_recvmsg_exit(struct tracepoint__syscalls__sys_exit_recvmsg *args)   { return http_read_exit(args->ret); }
+int on_accept_exit(struct tracepoint__syscalls__sys_exit_accept *args)   { TLS_ALSO(tls_opened(args->ret, 1)); return http_accepted(args->ret); }
+int on_accept4_exit(struct tracepoint__syscalls__sys_exit_accept4 *args) { TLS_ALSO(tls_opened(args->ret, 1)); return http_accepted(args->ret); }
 
-int on_write_enter(struct tracepoint__syscalls__sys_enter_write *args)       { return http_write_enter(args->fd); }
-int on_writev_enter(struct tracepoint__syscalls__sys_enter_writev *args)     { return http_write_enter(args->fd); }
-int on_sendto_enter(struct tracepoint__syscalls__sys_enter_sendto *args)     { return http_write_enter(args->fd); }
-int on_sendmsg_enter(struct tracepoint__syscalls__sys_enter_sendmsg *args)   { return http_write_enter(args->fd); }
+int on_read_enter(struct tracepoint__syscalls__sys_enter_read *args) { TLS_ALSO(tls_io_enter(args->fd, (u64)args->buf, 0, TLS_READ)); return http_read_enter(args->fd, (u64)args->buf); }
+int on_readv_enter(struct tracepoint__syscalls__sys_enter_readv *args) { TLS_ALSO(tls_io_enter(args->fd, (u64)args->vec, args->vlen, TLS_READ)); return http_read_enter(args->fd, 0); }
+int on_recvfrom_enter(struct tracepoint__syscalls__sys_enter_recvfrom *args) { TLS_ALSO(tls_recv_enter(args->fd, (u64)args->ubuf, args->flags)); return http_read_enter(args->fd, (u64)args->ubuf); }
+int on_recvmsg_enter(struct tracepoint__syscalls__sys_enter_recvmsg *args) { TLS_ALSO(tls_msg_enter(args->fd, (u64)args->msg, args->flags, TLS_READ)); return http_read_enter(args->fd, 0); }
+int on_read_exit(struct tracepoint__syscalls__sys_exit_read *args)         { TLS_ALSO(tls_io_exit(args->ret)); return http_read_exit(args->ret); }
+int on_readv_exit(struct tracepoint__syscalls__sys_exit_readv *args)       { TLS_ALSO(tls_io_exit(args->ret)); return http_read_exit(args->ret); }
+int on_recvfrom_exit(struct tracepoint__syscalls__sys_exit_recvfrom *args) { TLS_ALSO(tls_io_exit(args->ret)); return http_read_exit(args->ret); }
+int on_recvmsg_exit(struct tracepoint__syscalls__sys_exit_recvmsg *args)   { TLS_ALSO(tls_io_exit(args->ret)); return http_read_exit(args->ret); }
+
+int on_write_enter(struct tracepoint__syscalls__sys_enter_write *args) { TLS_ALSO(tls_io_enter(args->fd, (u64)args->buf, 0, TLS_WRITE)); return http_write_enter(args->fd); }
+int on_writev_enter(struct tracepoint__syscalls__sys_enter_writev *args) { TLS_ALSO(tls_io_enter(args->fd, (u64)args->vec, args->vlen, TLS_WRITE)); return http_write_enter(args->fd); }
+int on_sendto_enter(struct tracepoint__syscalls__sys_enter_sendto *args) { TLS_ALSO(tls_io_enter(args->fd, (u64)args->buff, 0, TLS_WRITE)); return http_write_enter(args->fd); }
+int on_sendmsg_enter(struct tracepoint__syscalls__sys_enter_sendmsg *args) { TLS_ALSO(tls_msg_enter(args->fd, (u64)args->msg, args->flags, TLS_WRITE)); return http_write_enter(args->fd); }
 int on_sendfile_enter(struct tracepoint__syscalls__sys_enter_sendfile64 *args) { return http_write_enter(args->out_fd); }
 
 int on_close_enter(struct tracepoint__syscalls__sys_enter_close *args)
 {
+    TLS_ALSO(tls_closed(args->fd));
     if (!maybe_watched(current_tid()))
         return 0;
     struct http_conn_key k = {.tgid = current_tgid(), .fd = (u32)args->fd};

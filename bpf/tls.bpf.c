@@ -1,8 +1,259 @@
-/* TLS per service from uprobes on libssl: handshake latency and count
- * (SSL_do_handshake, from its first call on an SSL object to the call that
- * returns 1, so non-blocking retries count once), and calls and bytes of
- * SSL_read/SSL_write and their _ex forms. User space attaches these to every
- * libssl its targets map (/proc/<pid>/maps); only watched tasks are counted. */
+/* TLS per service, each figure from one source only.
+ *
+ * Handshakes come from the TLS records themselves as they cross the service's
+ * sockets (the read and write syscalls of connections it accepted or connected),
+ * so every TLS stack counts alike: OpenSSL however it is driven (SSL_do_handshake,
+ * SSL_accept, or the first SSL_read through a BIO), BoringSSL, Go's crypto/tls,
+ * rustls, Java. Each record starts with a 5-byte header (content type, version,
+ * length); a connection's record boundaries are followed in both directions, even
+ * when a header or a record is split across syscalls. A handshake runs from the
+ * ClientHello (read by a server, written by a client) to the first
+ * application-data record (type 23) read by the server (TLS 1.3: the client's
+ * Finished; 1.2: its first request) or written by the client (its Finished, or
+ * its first request), or to the first application-data write of a TLS 1.2 server
+ * that speaks first (both sides have changed cipher spec; in TLS 1.3 the server's
+ * own handshake messages are type 23 records, which are not that). Then the
+ * connection is forgotten: its later records cost nothing.
+ *
+ * Plaintext calls and bytes come from uprobes on the services' own libssl
+ * (SSL_read, SSL_write and their _ex forms), the one thing the records cannot
+ * show. User space attaches them to every libssl its targets map
+ * (/proc/<pid>/maps); only watched tasks are counted. */
+
+#define TLS_HEADER 5
+#define TLS_MAX_RECORD (16384 + 2048)   /* the largest TLSCiphertext a peer may send */
+#define TLS_RECORDS_PER_CALL 16         /* headers followed per syscall; a flight has fewer */
+#define TLS_IOVECS 4                    /* iovecs followed per readv/writev/recvmsg/sendmsg */
+#define TLS_PLAIN_CALLS 8               /* data syscalls before a ClientHello (STARTTLS) before giving up */
+#define TLS_CCS 20
+#define TLS_HANDSHAKE 22
+#define TLS_APPDATA 23
+#define TLS_MSG_PEEK 2                  /* recv flag: the data stays queued, it has not crossed yet */
+
+struct tls_conn_key {
+    u32 tgid;
+    u32 fd;
+};
+
+struct tls_conn {
+    u64 started;         /* ns the ClientHello crossed; 0 while waiting for one */
+    u32 service;
+    u8 server;           /* accepted: the ClientHello is read; connected: it is written */
+    u8 ccs;              /* 1 << direction: a ChangeCipherSpec went that way */
+    u8 tls13;            /* the server wrote a type 23 record inside its handshake */
+    u8 plain_calls;      /* data syscalls seen before the ClientHello */
+    u32 left[2];         /* per direction: bytes of the current record still to come */
+    u32 have[2];         /* per direction: bytes of a header split across syscalls */
+    u64 header[2];       /* per direction: those bytes, the first one lowest */
+};
+
+struct tls_io {
+    u64 buf;             /* the buffer, or the iovec array when iovcnt > 0 */
+    u32 fd;
+    u32 iovcnt;
+    u32 direction;       /* TLS_READ or TLS_WRITE */
+};
+
+BPF_TABLE("lru_hash", struct tls_conn_key, struct tls_conn, tls_conns, 16384);
+BPF_TABLE("lru_hash", u32, struct tls_io, tls_ios, 16384);     /* tid -> read/write in flight */
+
+/* ---- handshakes, from the records ---- */
+
+static __always_inline void tls_opened(long fd, u8 server)
+{
+    if (fd < 0)
+        return;
+    u32 *service = service_of_task(current_tid());
+    if (!service)
+        return;
+    struct tls_conn_key k = {.tgid = current_tgid(), .fd = (u32)fd};
+    struct tls_conn c = {.service = *service, .server = server};
+    tls_conns.update(&k, &c);
+}
+
+static __always_inline void tls_closed(u64 fd)
+{
+    if (!maybe_watched(current_tid()))
+        return;
+    struct tls_conn_key k = {.tgid = current_tgid(), .fd = (u32)fd};
+    tls_conns.delete(&k);
+}
+
+/* One record header has been read. Returns 1 when it ends the handshake. */
+static __always_inline int tls_record(struct tls_conn *c, u32 dir, u8 type, int starts_call)
+{
+    if (type == TLS_CCS) {
+        c->ccs |= 1 << dir;
+        return 0;
+    }
+    if (type != TLS_APPDATA)
+        return 0;
+    if (!c->server)
+        return dir == TLS_WRITE;
+    if (dir == TLS_READ)
+        return 1;
+    if (starts_call && !c->tls13 && c->ccs == 3)
+        return 1;
+    c->tls13 = 1;
+    return 0;
+}
+
+/* Follows the records in `len` bytes at `buf` that went in direction `dir`.
+ * Returns 1 when the handshake ended, -1 when the bytes are not TLS records.
+ * Only scalars change from one record to the next (a header is read as one
+ * 8-byte word), so the verifier folds the loop's paths together. */
+static __always_inline int tls_walk(struct tls_conn *c, u32 dir, u64 buf, u64 len)
+{
+    dir &= 1;
+    u64 off = 0;
+    for (int i = 0; i < TLS_RECORDS_PER_CALL; i++) {
+        u64 left = c->left[dir];
+        if (left >= len - off) {            /* the call ends inside this record */
+            c->left[dir] = left - (len - off);
+            return 0;
+        }
+        off += left;
+        u64 word = 0;
+        bpf_probe_read_user(&word, sizeof(word), (void *)(buf + off));
+        u32 have = c->have[dir] & 7;
+        u64 header = c->header[dir] | (word << (8 * have));
+        int starts_call = off == 0 && have == 0;
+        if (TLS_HEADER - have > len - off) {  /* the header goes on in the next call */
+            have += len - off;
+            c->header[dir] = header & ((1ULL << (8 * (have & 7))) - 1);
+            c->have[dir] = have;
+            c->left[dir] = 0;
+            return 0;
+        }
+        off += TLS_HEADER - have;
+        c->have[dir] = 0;
+        c->header[dir] = 0;
+        u8 type = header & 0xff;
+        u32 length = ((header >> 16) & 0xff00) | ((header >> 32) & 0xff);
+        if (type < TLS_CCS || type > 24 || ((header >> 8) & 0xff) != 3 || length > TLS_MAX_RECORD)
+            return -1;
+        c->left[dir] = length;
+        if (tls_record(c, dir, type, starts_call))
+            return 1;
+    }
+    return -1;   /* more records than followed: their boundaries are lost */
+}
+
+/* Before a ClientHello: is this the start of one, in the direction it goes? */
+static __always_inline int tls_hello(struct tls_conn *c, u32 dir, u64 buf, u64 len)
+{
+    u8 h[3] = {};
+    if (dir != (c->server ? TLS_READ : TLS_WRITE) || len < sizeof(h))
+        return 0;
+    bpf_probe_read_user(h, sizeof(h), (void *)buf);
+    return h[0] == TLS_HANDSHAKE && h[1] == 3 && h[2] <= 4;
+}
+
+/* `len` bytes went through connection c in direction dir, in one buffer.
+ * Returns 1 when the connection is done with (handshake timed, or not TLS). */
+static __always_inline int tls_data(struct tls_conn *c, u32 dir, u64 buf, u64 len)
+{
+    if (!c->started) {
+        if (!tls_hello(c, dir, buf, len))
+            return ++c->plain_calls >= TLS_PLAIN_CALLS;
+        c->started = bpf_ktime_get_ns();
+    }
+    int r = tls_walk(c, dir, buf, len);
+    if (r > 0)
+        hist_add(c->service, SIG_TLS_HANDSHAKE, 0, bpf_ktime_get_ns() - c->started);
+    return r != 0;
+}
+
+static __always_inline void tls_io_enter(u64 fd, u64 buf, u64 iovcnt, u32 dir)
+{
+    u32 tid = current_tid();
+    if (!maybe_watched(tid))
+        return;
+    struct tls_conn_key k = {.tgid = current_tgid(), .fd = (u32)fd};
+    if (!tls_conns.lookup(&k))
+        return;
+    struct tls_io io = {.buf = buf, .fd = (u32)fd, .iovcnt = (u32)iovcnt, .direction = dir};
+    tls_ios.update(&tid, &io);
+}
+
+/* recvfrom: a MSG_PEEK read leaves the bytes queued for the next read. */
+static __always_inline void tls_recv_enter(u64 fd, u64 buf, u32 flags)
+{
+    if (!(flags & TLS_MSG_PEEK))
+        tls_io_enter(fd, buf, 0, TLS_READ);
+}
+
+/* recvmsg/sendmsg: the iovecs of a struct user_msghdr (msg_iov at 16, msg_iovlen at 24). */
+static __always_inline void tls_msg_enter(u64 fd, u64 msg, u32 flags, u32 dir)
+{
+    if (!maybe_watched(current_tid()) || !msg || (flags & TLS_MSG_PEEK))
+        return;
+    u64 iov[2] = {};
+    bpf_probe_read_user(iov, sizeof(iov), (void *)(msg + 16));
+    if (iov[1])
+        tls_io_enter(fd, iov[0], iov[1], dir);
+}
+
+static __always_inline void tls_io_exit(long ret)
+{
+    u32 tid = current_tid();
+    if (!maybe_watched(tid))
+        return;
+    struct tls_io *found = tls_ios.lookup(&tid);
+    if (!found)
+        return;
+    struct tls_io io = *found;
+    tls_ios.delete(&tid);
+    struct tls_conn_key k = {.tgid = current_tgid(), .fd = io.fd};
+    struct tls_conn *c = tls_conns.lookup(&k);
+    if (ret <= 0 || !c)
+        return;
+    int done = 0;
+    if (!io.iovcnt) {
+        done = tls_data(c, io.direction, io.buf, ret);
+    } else {
+        u64 rest = ret;
+        for (int i = 0; i < TLS_IOVECS && i < io.iovcnt && rest && !done; i++) {
+            u64 iov[2] = {};     /* struct iovec: base, len */
+            bpf_probe_read_user(iov, sizeof(iov), (void *)(io.buf + i * sizeof(iov)));
+            u64 part = iov[1] < rest ? iov[1] : rest;
+            if (part)
+                done = tls_data(c, io.direction, iov[0], part);
+            rest -= part;
+        }
+        done |= rest != 0 && c->started != 0;   /* bytes past the iovecs followed: boundaries lost */
+    }
+    if (done)
+        tls_conns.delete(&k);
+}
+
+int on_connect_enter(struct tracepoint__syscalls__sys_enter_connect *args) { tls_opened(args->fd, 0); return 0; }
+int on_write_exit(struct tracepoint__syscalls__sys_exit_write *args)       { tls_io_exit(args->ret); return 0; }
+int on_writev_exit(struct tracepoint__syscalls__sys_exit_writev *args)     { tls_io_exit(args->ret); return 0; }
+int on_sendto_exit(struct tracepoint__syscalls__sys_exit_sendto *args)     { tls_io_exit(args->ret); return 0; }
+int on_sendmsg_exit(struct tracepoint__syscalls__sys_exit_sendmsg *args)   { tls_io_exit(args->ret); return 0; }
+
+#ifndef FAMILY_HTTP
+/* Without the http family these syscalls are this family's alone; with it,
+ * bpf/http.bpf.c's programs on them call the tls_* hooks above as well. */
+int on_accept_exit(struct tracepoint__syscalls__sys_exit_accept *args)       { tls_opened(args->ret, 1); return 0; }
+int on_accept4_exit(struct tracepoint__syscalls__sys_exit_accept4 *args)     { tls_opened(args->ret, 1); return 0; }
+int on_read_enter(struct tracepoint__syscalls__sys_enter_read *args)         { tls_io_enter(args->fd, (u64)args->buf, 0, TLS_READ); return 0; }
+int on_readv_enter(struct tracepoint__syscalls__sys_enter_readv *args)       { tls_io_enter(args->fd, (u64)args->vec, args->vlen, TLS_READ); return 0; }
+int on_recvfrom_enter(struct tracepoint__syscalls__sys_enter_recvfrom *args) { tls_recv_enter(args->fd, (u64)args->ubuf, args->flags); return 0; }
+int on_recvmsg_enter(struct tracepoint__syscalls__sys_enter_recvmsg *args)   { tls_msg_enter(args->fd, (u64)args->msg, args->flags, TLS_READ); return 0; }
+int on_read_exit(struct tracepoint__syscalls__sys_exit_read *args)           { tls_io_exit(args->ret); return 0; }
+int on_readv_exit(struct tracepoint__syscalls__sys_exit_readv *args)         { tls_io_exit(args->ret); return 0; }
+int on_recvfrom_exit(struct tracepoint__syscalls__sys_exit_recvfrom *args)   { tls_io_exit(args->ret); return 0; }
+int on_recvmsg_exit(struct tracepoint__syscalls__sys_exit_recvmsg *args)     { tls_io_exit(args->ret); return 0; }
+int on_write_enter(struct tracepoint__syscalls__sys_enter_write *args)       { tls_io_enter(args->fd, (u64)args->buf, 0, TLS_WRITE); return 0; }
+int on_writev_enter(struct tracepoint__syscalls__sys_enter_writev *args)     { tls_io_enter(args->fd, (u64)args->vec, args->vlen, TLS_WRITE); return 0; }
+int on_sendto_enter(struct tracepoint__syscalls__sys_enter_sendto *args)     { tls_io_enter(args->fd, (u64)args->buff, 0, TLS_WRITE); return 0; }
+int on_sendmsg_enter(struct tracepoint__syscalls__sys_enter_sendmsg *args)   { tls_msg_enter(args->fd, (u64)args->msg, args->flags, TLS_WRITE); return 0; }
+int on_close_enter(struct tracepoint__syscalls__sys_enter_close *args)       { tls_closed(args->fd); return 0; }
+#endif
+
+/* ---- plaintext calls and bytes, from libssl ---- */
 
 struct tls_call {
     u64 ssl;
@@ -10,41 +261,7 @@ struct tls_call {
     u32 direction;       /* TLS_READ or TLS_WRITE */
 };
 
-BPF_TABLE("lru_hash", u64, u64, tls_handshake_since, 16384);   /* SSL* -> first call, ns */
-BPF_TABLE("lru_hash", u32, u64, tls_handshake_ssl, 16384);     /* tid -> SSL* in flight */
-BPF_TABLE("lru_hash", u32, struct tls_call, tls_calls, 16384); /* tid -> read/write in flight */
-
-int on_ssl_handshake(struct pt_regs *ctx)
-{
-    u32 tid = current_tid();
-    if (!service_of_task(tid))
-        return 0;
-    u64 ssl = PT_REGS_PARM1(ctx);
-    u64 now = bpf_ktime_get_ns();
-    tls_handshake_since.lookup_or_try_init(&ssl, &now);
-    tls_handshake_ssl.update(&tid, &ssl);
-    return 0;
-}
-
-int on_ssl_handshake_return(struct pt_regs *ctx)
-{
-    u32 tid = current_tid();
-    if (!maybe_watched(tid))
-        return 0;
-    u64 *ssl = tls_handshake_ssl.lookup(&tid);
-    if (!ssl)
-        return 0;
-    u64 key = *ssl;
-    tls_handshake_ssl.delete(&tid);
-    if ((int)PT_REGS_RC(ctx) != 1)
-        return 0;                   /* not done yet (WANT_READ/WRITE) or failed */
-    u64 *since = tls_handshake_since.lookup(&key);
-    u32 *service = service_of_task(tid);
-    if (since && service)
-        hist_add(*service, SIG_TLS_HANDSHAKE, 0, bpf_ktime_get_ns() - *since);
-    tls_handshake_since.delete(&key);
-    return 0;
-}
+BPF_TABLE("lru_hash", u32, struct tls_call, tls_calls, 16384); /* tid -> SSL_read/SSL_write in flight */
 
 static __always_inline int tls_enter(struct pt_regs *ctx, u32 direction, u64 out_len)
 {

@@ -25,7 +25,7 @@ fi
 
 # --- distro packages -------------------------------------------------------
 PACKAGES=(python3-bpfcc bpfcc-tools bpftool prometheus redis-server iproute2
-          python3-venv python3-dev gcc make openssl procps systemd strace)
+          python3-venv python3-dev gcc make openssl procps systemd strace golang nginx-light)
 
 step "distro packages"
 missing=()

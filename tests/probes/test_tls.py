@@ -40,7 +40,7 @@ def test_handshakes_and_bytes_counted_plaintext_none(kernel, spawn, tag, tmp_pat
     assert json.loads(plain.stdout.readline()) == []
     samples = collected(collector)
     attached = [p for p, ok in collector.attached.items() if ok and "libssl" in p]
-    assert len(attached) >= 10, collector.attached      # 5 functions, entry and return
+    assert len(attached) >= 8, collector.attached       # 4 functions, entry and return
 
     c, s = samples["client"], samples["server"]
     handshake = hist(c.histograms, ("tls_handshake", ""))

@@ -1,18 +1,21 @@
-"""TLS handshakes, calls and bytes per service from uprobes on libssl (bpf/tls.bpf.c).
-The library is found in the services' own memory maps each interval and each
-new one is probed once; the kernel side counts only watched tasks."""
+"""TLS per service (bpf/tls.bpf.c): handshakes timed from the TLS records on the
+services' sockets, whatever TLS stack they use; plaintext calls and bytes from
+uprobes on libssl. The library is found in the services' own memory maps each
+interval and each new one is probed once; the kernel side counts only watched
+tasks. The handshake has one source, the records: libssl's SSL_do_handshake is
+not probed, because it misses handshakes driven from SSL_read (openssl s_server
+-www) and would count the others a second time."""
 from __future__ import annotations
 
 import os
 
 from daemon.collectors.kernel.family import Attachment, Family, Signal
+from daemon.collectors.kernel.http import SOCKET_CALLS, syscall_points
 
 DIRECTIONS = ("read", "write")           # TLS_READ = 0, TLS_WRITE = 1
-ENTRY = {"SSL_do_handshake": "on_ssl_handshake", "SSL_read": "on_ssl_read",
-         "SSL_write": "on_ssl_write", "SSL_read_ex": "on_ssl_read_ex", "SSL_write_ex": "on_ssl_write_ex"}
-RETURN = {"SSL_do_handshake": "on_ssl_handshake_return", "SSL_read": "on_ssl_call_return",
-          "SSL_write": "on_ssl_call_return", "SSL_read_ex": "on_ssl_call_return",
-          "SSL_write_ex": "on_ssl_call_return"}
+ENTRY = {"SSL_read": "on_ssl_read", "SSL_write": "on_ssl_write",
+         "SSL_read_ex": "on_ssl_read_ex", "SSL_write_ex": "on_ssl_write_ex"}
+RETURN = "on_ssl_call_return"
 
 
 def libssl_paths(pid: int) -> set[str]:
@@ -34,12 +37,15 @@ def libssl_paths(pid: int) -> set[str]:
 class Tls(Family):
     name = source = "tls"
     signals = (Signal("tls_handshake", "slotune_tls_handshake_seconds", None, "histogram",
-                      "TLS handshake latency in the service's libssl (SSL_do_handshake)"),
+                      "TLS handshake latency, ClientHello to the first application data, from the records "
+                      "on the service's sockets"),
                Signal("tls_bytes", "slotune_tls_bytes_total", "direction", "counter",
                       "Plaintext bytes the service read or wrote through libssl"),
                Signal("tls_calls", "slotune_tls_calls_total", "direction", "counter",
                       "Successful SSL_read/SSL_write calls (and _ex forms) of the service"))
-    defines = {f"TLS_{d.upper()}": i for i, d in enumerate(DIRECTIONS)}
+    tracepoints = SOCKET_CALLS + syscall_points(
+        ("enter", "connect"), ("exit", "write"), ("exit", "writev"), ("exit", "sendto"), ("exit", "sendmsg"))
+    defines = {**{f"TLS_{d.upper()}": i for i, d in enumerate(DIRECTIONS)}, "FAMILY_TLS": 1}
 
     def __init__(self):
         self.libraries: dict[tuple[int, int], str] = {}   # (dev, inode) -> path probed
@@ -47,7 +53,8 @@ class Tls(Family):
 
     @classmethod
     def attach_points(cls) -> list[str]:
-        return [f"{kind}:libssl:{symbol}" for symbol in ENTRY for kind in ("uprobe", "uretprobe")]
+        return super().attach_points() + [f"{kind}:libssl:{symbol}" for symbol in ENTRY
+                                          for kind in ("uprobe", "uretprobe")]
 
     def label(self, signal: str, label_id: int) -> str:
         if signal == "tls_handshake":
@@ -76,4 +83,4 @@ class Tls(Family):
         self.libraries[(st.st_dev, st.st_ino)] = path
         for symbol, fn in ENTRY.items():
             program.attach(Attachment("uprobe", path, fn, symbol))
-            program.attach(Attachment("uretprobe", path, RETURN[symbol], symbol))
+            program.attach(Attachment("uretprobe", path, RETURN, symbol))
