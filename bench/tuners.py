@@ -16,7 +16,8 @@ import time
 import numpy as np
 
 BENCHES = {"throttle": "throttle_bench", "batch": "batch_bench", "sampling": "sampling_bench",
-           "breaker": "breaker_bench", "drift": "drift_bench", "budget": "budget_bench"}
+           "breaker": "breaker_bench", "drift": "drift_bench", "budget": "budget_bench",
+           "degrade": "degrade_bench"}
 
 
 def bench_module(tuner: str):

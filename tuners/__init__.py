@@ -8,11 +8,11 @@ whitepaper rule and published anchors beside slotune's own policy ("slotune").
 """
 from __future__ import annotations
 
-from tuners import batch, breaker, budget, drift, sampling, throttle
+from tuners import batch, breaker, budget, degrade, drift, sampling, throttle
 from tuners.base import Decision, Policy
 
 TUNERS = {"throttle": throttle, "batch": batch, "sampling": sampling,
-          "breaker": breaker, "drift": drift, "budget": budget}
+          "breaker": breaker, "drift": drift, "budget": budget, "degrade": degrade}
 
 
 def policy(tuner: str, name: str = "slotune") -> Policy:

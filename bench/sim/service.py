@@ -1,6 +1,9 @@
 """A service with FIFO queue and `workers` parallel workers, heavy-tailed (lognormal)
 service times, and a limiter in front (concurrency limit and/or token-bucket rate limit)
-whose settings a throttle policy retunes every INTERVAL_S from 1-second windows."""
+whose settings a throttle policy retunes every INTERVAL_S from 1-second windows; and
+optionally a dimmer that answers a share of the admitted requests degraded (for
+`degraded_cost` of the service time: no tool calls, fewer tokens), whose ratio a degrade
+policy retunes at the same time from the same windows."""
 from __future__ import annotations
 
 import heapq
@@ -8,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tuners import throttle
+from tuners import degrade, throttle
 
 
 @dataclass(frozen=True)
@@ -17,6 +20,7 @@ class ServiceModel:
     median_s: float        # lognormal service-time median
     sigma: float           # lognormal shape (1-1.5 = heavy tail)
     slo_s: float
+    degraded_cost: float = 1.0   # a degraded answer's service time, as a share of a full one's
 
     @property
     def mean_s(self) -> float:
@@ -35,16 +39,21 @@ def quantiles(lat: np.ndarray) -> tuple[float, float, float]:
 
 
 def run(policy, model: ServiceModel, arrivals: np.ndarray, slowdown: np.ndarray,
-        settings: dict[str, float], rng: np.random.Generator, duration: int):
-    """Simulate; returns per-second arrays (goodput, p99, setting) and totals."""
+        settings: dict[str, float], rng: np.random.Generator, duration: int, dimmer=None):
+    """Simulate; returns per-second arrays (goodput, p99, setting; with a dimmer, the
+    degraded answers, those within the SLO and the ratio too) and totals."""
     service = rng.lognormal(np.log(model.median_s), model.sigma, arrivals.size)
     state = policy.initial_state(settings)
+    ratio = settings.get(degrade.SETTING, 0.0)
+    dim_state = dimmer.initial_state(settings) if dimmer is not None else None
+    owed = 0.0   # the gateway's pick: a request is degraded each time the ratio adds up to one more
     limit = settings.get("concurrency_limit", float("inf"))
     rate = settings.get("rate_limit_rps", float("inf"))
     tokens, last_t = (0.0 if rate != float("inf") else 1.0), 0.0
     free = [0.0] * model.workers
     in_flight: list[float] = []
     done = [[] for _ in range(duration + 64)]
+    dimmed = [[] for _ in range(duration + 64)]
     waits = [[] for _ in range(duration + 64)]
     offered = np.zeros(duration)
     rejected = np.zeros(duration)
@@ -52,6 +61,9 @@ def run(policy, model: ServiceModel, arrivals: np.ndarray, slowdown: np.ndarray,
     setting_trace = np.zeros(duration)
     p99s = np.zeros(duration)
     good = np.zeros(duration)
+    degraded = np.zeros(duration)
+    good_degraded = np.zeros(duration)
+    ratio_trace = np.zeros(duration)
     tick = 1
     heappush, heappop = heapq.heappush, heapq.heappop
     n = arrivals.size
@@ -72,13 +84,17 @@ def run(policy, model: ServiceModel, arrivals: np.ndarray, slowdown: np.ndarray,
             else:
                 if rate != float("inf"):
                     tokens -= 1.0
+                owed += ratio
+                dim = owed >= 1.0 - 1e-9
+                owed -= dim
                 start = max(t, heappop(free))
-                finish = start + service[i] * slowdown[min(sec, duration - 1)]
+                finish = start + service[i] * slowdown[min(sec, duration - 1)] * (model.degraded_cost if dim else 1.0)
                 heappush(free, finish)
                 heappush(in_flight, finish)
                 if len(in_flight) > peak[sec]:
                     peak[sec] = len(in_flight)
                 done[min(int(finish), duration + 63)].append(finish - t)
+                dimmed[min(int(finish), duration + 63)].append(dim)
                 waits[min(int(finish), duration + 63)].append(start - t)
             i += 1
         w = tick - 1
@@ -86,14 +102,26 @@ def run(policy, model: ServiceModel, arrivals: np.ndarray, slowdown: np.ndarray,
         p50, p90, p99 = quantiles(lat)
         p99s[w] = p99
         good[w] = np.count_nonzero(lat <= model.slo_s)
+        dim = np.asarray(dimmed[w], bool)
+        degraded[w] = np.count_nonzero(dim)
+        good_degraded[w] = np.count_nonzero(dim & (lat <= model.slo_s))
+        queue_p99 = quantiles(np.asarray(waits[w]))[2]
         if tick % int(throttle.INTERVAL_S) == 0:
             obs = throttle.Observation(now=float(tick), slo_s=model.slo_s, p50_s=p50, p90_s=p90, p99_s=p99,
                                        arrival_rps=offered[w], completed_rps=float(lat.size), goodput_rps=good[w],
                                        rejected_rps=rejected[w], in_flight=max(peak[w], len(in_flight)),
-                                       queue_p99_s=quantiles(np.asarray(waits[w]))[2])
+                                       queue_p99_s=queue_p99)
             state, decision = policy.decide(state, obs)
             limit = decision.changes.get("concurrency_limit", limit)
             rate = decision.changes.get("rate_limit_rps", rate)
+        if dimmer is not None and tick % int(degrade.INTERVAL_S) == 0:
+            obs = degrade.Observation(now=float(tick), slo_s=model.slo_s, p99_s=p99, arrival_rps=offered[w],
+                                      completed_rps=float(lat.size), degraded_rps=degraded[w],
+                                      refused_rps=rejected[w], queue_p99_s=queue_p99)
+            dim_state, decision = dimmer.decide(dim_state, obs)
+            ratio = decision.changes.get(degrade.SETTING, ratio)
         setting_trace[w] = limit if limit != float("inf") else rate
+        ratio_trace[w] = ratio
         tick += 1
-    return {"goodput": good, "p99": p99s, "offered": offered, "setting": setting_trace}
+    return {"goodput": good, "p99": p99s, "offered": offered, "setting": setting_trace, "rejected": rejected,
+            "degraded": degraded, "good_degraded": good_degraded, "ratio": ratio_trace}

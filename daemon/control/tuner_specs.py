@@ -10,7 +10,7 @@ from types import ModuleType
 from typing import Any, Callable, Mapping
 
 import tuners
-from tuners import batch, breaker, budget, drift, sampling, throttle
+from tuners import batch, breaker, budget, degrade, drift, sampling, throttle
 from tuners.base import Policy
 
 from daemon.control import observations
@@ -80,4 +80,5 @@ SPECS = {spec.name: spec for spec in (
                   Option("gateway_slo_ms", 100.0, 0.1, 600_000.0, "the gateway's own work's SLO"),
                   Option("tool_slo_ms", 300.0, 0.1, 600_000.0, "a query's tool calls' SLO"),
                   Option("llm_slo_ms", 600.0, 0.1, 600_000.0, "the LLM call's SLO"))),
+    TunerSpec(degrade, observations.for_degrade, (degrade.SETTING,)),
 )}

@@ -13,6 +13,7 @@ EXPECTED = {
     "breaker": {"slotune", "whitepaper", "pybreaker", "resilience4j"},
     "drift": {"slotune", "whitepaper", "zscore", "cusum", "page_hinkley", "ks"},
     "budget": {"slotune", "whitepaper", "equal"},
+    "degrade": {"slotune", "whitepaper", "brownout"},
 }
 
 

@@ -1,0 +1,156 @@
+"""Degrade tuner: the share of queries a service answers degraded (cheaper: no tool
+calls, fewer tokens) that holds its P99 under the SLO with the fewest degraded answers,
+degrading before the throttle refuses.
+
+Setting it changes: "degrade_ratio" (0..1; 1 = every answer degraded). Beside the
+throttle, through the window only: slotune's dimmer acts on a share of the queue wait the
+throttle allows, so the throttle tightens only once degrading everything cannot hold P99,
+and refusals while the ratio is below 1 make it degrade more, until the throttle's limit
+stops binding and the throttle loosens it.
+Anchor "brownout", Klein et al., ICSE 2014 (Brownout: Building More Robust Cloud
+Applications): theta (the share served in full) <- theta + (1 - p1) / alpha * (setpoint -
+t), t the period's latency percentile, pole p1 = 0.9, alpha of the model t = alpha * theta
+by recursive least squares (forgetting 0.95, P0 = 1000, alpha0 = 1). Adapted: t is the
+window P99, the setpoint 0.75 x SLO (under the throttle's 0.8), alpha kept positive and P
+at most P0 (at theta = 0 the estimator learns nothing and P would grow without bound)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tuners import throttle
+from tuners.base import Decision, Policy, changed, clamp, setting
+
+INTERVAL_S = 1.0
+SETTING = "degrade_ratio"
+SHARE = 0.9                   # slotune's queue-wait budget: this share of the throttle's
+SETPOINT = throttle.TARGET - 0.05   # brownout's P99 setpoint as a share of the SLO, under the throttle's aim
+
+
+@dataclass(frozen=True)
+class Observation:
+    now: float             # end of the window, seconds
+    slo_s: float           # the service's P99 latency objective
+    p99_s: float           # latency of the answers completed in the window (0 when none)
+    arrival_rps: float     # queries offered (answered + refused)
+    completed_rps: float   # answered, in full or degraded
+    degraded_rps: float    # answered degraded (by the dimmer, or because a tool failed)
+    refused_rps: float     # refused by the service's limits (the throttle's)
+    queue_p99_s: float | None = None  # P99 of the time answers waited for their turn; None: unmeasured
+    #                                   (slotune then treats all of P99 as queue, as the throttle does)
+
+
+def _idle(obs: Observation) -> bool:
+    return obs.completed_rps <= 0 or obs.p99_s <= 0
+
+
+def _ratio(settings) -> float:
+    ratio = setting(settings, SETTING, "degrade")
+    if not 0 <= ratio <= 1:
+        raise ValueError(f"degrade tuner: setting {SETTING} = {ratio} is outside 0..1")
+    return ratio
+
+
+# --- whitepaper (notes section 4.2): P99 over the threshold 3 periods in a row -> degrade
+# fully; back to full answers at the first period under it
+@dataclass(frozen=True)
+class ThresholdState:
+    ratio: float
+    over: int = 0          # periods in a row with P99 over the SLO
+
+
+def _wp_init(settings):
+    return ThresholdState(_ratio(settings))
+
+
+def _wp_decide(state: ThresholdState, obs: Observation):
+    if _idle(obs):
+        return state, Decision({}, "no completed requests")
+    over = state.over + 1 if obs.p99_s > obs.slo_s else 0
+    ratio = 1.0 if over >= 3 else 0.0 if over == 0 else state.ratio
+    why = (f"P99 {obs.p99_s * 1e3:.0f} ms {'>' if over else '<='} SLO {obs.slo_s * 1e3:.0f} ms "
+           f"({over} period{'s' if over != 1 else ''} in a row)")
+    return ThresholdState(ratio, over), Decision(changed(state.ratio, ratio, SETTING), why)
+
+
+# --- brownout (Klein et al. 2014): adaptive PI-like control of theta = 1 - ratio
+@dataclass(frozen=True)
+class BrownoutState:
+    ratio: float
+    alpha: float = 1.0     # estimated latency (s) per unit of theta
+    p: float = 1000.0      # RLS covariance
+
+
+POLE, FORGETTING, P0, ALPHA_FLOOR = 0.9, 0.95, 1000.0, 1e-4
+
+
+def _bo_init(settings):
+    return BrownoutState(_ratio(settings))
+
+
+def _bo_decide(state: BrownoutState, obs: Observation):
+    if _idle(obs):
+        return state, Decision({}, "no completed requests")
+    theta, t = 1.0 - state.ratio, obs.p99_s
+    a = state.p * theta
+    g = 1.0 / (theta * a + FORGETTING)
+    alpha = max(ALPHA_FLOOR, state.alpha + g * a * (t - theta * state.alpha))
+    p = min(P0, (state.p - g * a * a) / FORGETTING)
+    error = SETPOINT * obs.slo_s - t
+    ratio = 1.0 - clamp(theta + (1 - POLE) / alpha * error, 0.0, 1.0)
+    why = f"P99 {t * 1e3:.0f} ms vs setpoint {SETPOINT * obs.slo_s * 1e3:.0f} ms, alpha {alpha:.3f} s"
+    return BrownoutState(ratio, alpha, p), Decision(changed(state.ratio, ratio, SETTING), why)
+
+
+# --- slotune: steer the rate of full answers the service carries; the ratio follows the
+# offered load at once (1 - full / offered), the full rate moves on the queueing part of P99
+@dataclass(frozen=True)
+class SlotuneState:
+    ratio: float
+    full_rps: float = math.inf   # full answers per second the service carries; inf = no bound yet
+
+
+def _slotune_init(settings):
+    return SlotuneState(_ratio(settings))
+
+
+def _slotune_decide(state: SlotuneState, obs: Observation):
+    if _idle(obs):
+        return state, Decision({}, "no completed requests")
+    queue = obs.p99_s if obs.queue_p99_s is None else obs.queue_p99_s
+    service_tail = max(0.0, obs.p99_s - queue)
+    # the queue wait the throttle allows (its own rule), and a share of it for the dimmer
+    budget = SHARE * max(throttle.TARGET * obs.slo_s - service_tail, 0.25 * service_tail)
+    slack = 0.1 * budget
+    full_now = max(obs.completed_rps - obs.degraded_rps, 0.0)
+    if queue > budget:
+        factor = clamp((budget + slack) / (queue + slack), 0.8, 0.95)
+        full = min(state.full_rps, full_now) * factor
+        why = f"queue P99 {queue * 1e3:.0f} ms over its {budget * 1e3:.0f} ms budget: full answers x{factor:.2f}"
+    elif obs.refused_rps > 0 and state.ratio < 1:
+        full = min(state.full_rps, full_now) * 0.9
+        why = f"{obs.refused_rps:.1f} queries/s refused with the dimmer below 1: full answers x0.90"
+    elif state.ratio > 0:   # grow from at least a twentieth of the load: from none, x1.1 alone never would
+        factor = clamp((budget + slack) / (queue + slack), 1.0, 1.1)
+        full = max(state.full_rps, 0.05 * obs.arrival_rps) * factor
+        why = f"degrading, queue P99 {queue * 1e3:.0f} ms within {budget * 1e3:.0f} ms: full answers x{factor:.2f}"
+    else:
+        full = state.full_rps
+        why = f"queue P99 {queue * 1e3:.0f} ms within {budget * 1e3:.0f} ms"
+    offered = max(obs.arrival_rps, obs.completed_rps)
+    ratio = clamp(1.0 - full / offered, 0.0, 1.0) if math.isfinite(full) else 0.0
+    if ratio > 0 and state.ratio == 0:
+        why += f"; {offered:.0f} queries/s offered over the {full:.0f} full answers/s it carries"
+    return SlotuneState(ratio, full), Decision(changed(state.ratio, ratio, SETTING), why)
+
+
+FIELDS = {SETTING: "ratio"}   # Policy.resync writes the degrade_ratio in force here
+
+POLICIES = {
+    "slotune": Policy("slotune", "rate of full answers steered by queue-wait P99 under the throttle's target; "
+                      "the ratio follows the offered load", _slotune_init, _slotune_decide, fields=FIELDS),
+    "whitepaper": Policy("whitepaper", "P99 over the SLO 3 periods in a row: degrade all; back under it: none",
+                         _wp_init, _wp_decide, fields=FIELDS),
+    "brownout": Policy("brownout", "Klein et al. ICSE 2014 adaptive dimmer controller (pole 0.9, RLS 0.95)",
+                       _bo_init, _bo_decide, fields=FIELDS),
+}
