@@ -3,7 +3,9 @@ gate, the three caches of tool results, the tool DAG (each tool behind a
 breaker), then asks the LLM (directly or through the TLS sidecar), and answers
 {"answer", "tools", "cache", "degraded", "trace_id"?}. Each tool call and the
 LLM call run under a time budget (tool_timeout_ms, llm_timeout_ms). A failed,
-timed-out or refused tool makes the answer degraded (HTTP 200), never a 500."""
+timed-out or refused tool makes the answer degraded (HTTP 200), never a 500; so
+does the dimmer, for its degrade_ratio share of the queries (no tool calls,
+fewer tokens)."""
 from __future__ import annotations
 
 import argparse
@@ -50,11 +52,18 @@ SETTINGS = [
             "a tool call still running after this is cut off and counted as a timeout (the answer is degraded)"),
     Setting("llm_timeout_ms", float, 1, 600000, 30000.0,
             "an LLM call still running after this is cut off; the query fails with 502"),
+    # The dimmer (the degrade tuner pushes its ratio): cheaper answers instead of refusals.
+    Setting("degrade_ratio", float, 0, 1, 0.0,
+            "share of the queries answered degraded: no tool calls (cached results or none) and "
+            "degrade_max_tokens from the LLM; 0.25 degrades every 4th"),
+    Setting("degrade_max_tokens", int, 1, 4096, 4, "max_new_tokens asked of the LLM for a dimmed answer"),
 ]
 BUCKETS = (.005, .01, .025, .05, .075, .1, .15, .2, .3, .5, .75, 1, 1.5, 2, 3, 5, 10)
 REQUEST = Histogram("gateway_request_duration_seconds", "time to answer a query", ["outcome"], buckets=BUCKETS)
 STAGE = Histogram("gateway_stage_duration_seconds", "time spent per stage of a query", ["stage"], buckets=BUCKETS)
 CACHE = Counter("gateway_cache_requests_total", "tool-result cache lookups by the level that answered", ["level"])
+DEGRADED = Counter("gateway_degraded_total", "answers given degraded (still 200), by why: dimmer or tools",
+                   ["reason"])
 TOOL_CALLS = Counter("gateway_tool_calls_total", "tool calls by outcome", ["tool", "outcome"])
 TOOL_TIME = Histogram("gateway_tool_duration_seconds", "tool call time seen by the gateway", ["tool"], buckets=BUCKETS)
 BREAKER_OPEN = Gauge("gateway_breaker_open", "1 while the tool's circuit breaker is open", ["tool"])
@@ -88,6 +97,22 @@ def tool_urls(pairs: list[str]) -> dict[str, str]:
     return urls
 
 
+class Dimmer:
+    """Which queries the degrade_ratio degrades: the ratio adds up query by query, and
+    each time it makes a whole one that query is degraded (0.25: every 4th), so the share
+    is exact over any run of queries, never a coin toss."""
+
+    def __init__(self):
+        self.owed = 0.0
+
+    def pick(self, ratio: float) -> bool:
+        self.owed += ratio
+        if self.owed < 1.0 - 1e-9:
+            return False
+        self.owed -= 1.0
+        return True
+
+
 class Gateway:
     def __init__(self, args, settings):
         self.args, self.settings = args, settings
@@ -98,6 +123,7 @@ class Gateway:
         self.vectors = VectorCache(0.91)
         self.breakers = {name: Breaker() for name in self.tools}
         self.bucket = TokenBucket()
+        self.dimmer = Dimmer()
         self.tracer = TraceSampler(args.run_dir / f"gateway-{args.port}-traces.jsonl")
         self.inflight = 0
         self.scratch = args.run_dir / f"gateway-{args.port}.blocking"
@@ -105,6 +131,8 @@ class Gateway:
         self.tls: aiohttp.ClientSession | None = None
         for name in self.tools:
             BREAKER_OPEN.labels(name).set(0)
+        for reason in ("dimmer", "tools"):
+            DEGRADED.labels(reason)
 
     async def start(self) -> None:
         self.args.run_dir.mkdir(parents=True, exist_ok=True)
@@ -166,19 +194,22 @@ class Gateway:
         self.vectors.put(embed(query, ENTITIES), results)
         await self.redis.put(query, results)
 
-    async def ask_llm(self, prompt: str) -> str:
+    async def ask_llm(self, prompt: str, max_new_tokens: int | None = None) -> str:
         via_sidecar = self.settings["llm_via_sidecar"]
         if via_sidecar and self.tls is None:
             raise RuntimeError(f"llm_via_sidecar is on but the certificate {self.args.cert or 'tls.crt'} is missing")
         session, base = (self.tls, self.args.sidecar_url) if via_sidecar else (self.http, self.args.inference_url)
-        async with session.post(f"{base.rstrip('/')}/generate", json={"prompt": prompt},
+        ask = {"prompt": prompt} if max_new_tokens is None else {"prompt": prompt, "max_new_tokens": max_new_tokens}
+        async with session.post(f"{base.rstrip('/')}/generate", json=ask,
                                 timeout=aiohttp.ClientTimeout(total=self.settings["llm_timeout_ms"] / 1000)) as r:
             body = await r.json(content_type=None)
             if r.status != 200:
                 raise RuntimeError(f"LLM answered {r.status}: {body.get('error', body)}")
             return body["text"]
 
-    async def answer(self, query: str, spans: dict) -> dict:
+    async def answer(self, query: str, spans: dict, dimmed: bool) -> dict:
+        """Tools (from a cache, else called), then the LLM. A dimmed query calls no tool:
+        cached results or none, and degrade_max_tokens from the LLM."""
         t0 = time.monotonic()
         needs_tools = self.gate.probability(query) >= self.settings["intent_threshold"]
         spans["gate"] = time.monotonic() - t0
@@ -190,7 +221,7 @@ class Gateway:
             spans["cache"] = time.monotonic() - t
             if cached is not None:
                 results = cached
-            else:
+            elif not dimmed:
                 t = time.monotonic()
                 calls = await planner.run(planner.plan(query), self.call_tool, self.args.parallel_tools, t)
                 spans["tools"] = time.monotonic() - t
@@ -199,10 +230,12 @@ class Gateway:
                     await self.remember(query, results)
         t = time.monotonic()
         prompt = query + "\n" + json.dumps(results, separators=(",", ":")) if results else query
-        text = await self.ask_llm(prompt)
+        text = await self.ask_llm(prompt, self.settings["degrade_max_tokens"] if dimmed else None)
         spans["llm"] = time.monotonic() - t
-        degraded = any(c.outcome != "ok" for c in calls)
-        return {"answer": text, "tools": [c.as_json() for c in calls], "cache": level, "degraded": degraded}
+        reason = "dimmer" if dimmed else "tools" if any(c.outcome != "ok" for c in calls) else None
+        if reason:
+            DEGRADED.labels(reason).inc()
+        return {"answer": text, "tools": [c.as_json() for c in calls], "cache": level, "degraded": reason is not None}
 
     async def handle(self, request: web.Request) -> web.Response:
         started = time.monotonic()
@@ -228,7 +261,7 @@ class Gateway:
         INFLIGHT.inc()
         self.inflight += 1
         try:
-            out = await self.answer(query, spans)
+            out = await self.answer(query, spans, self.dimmer.pick(self.settings["degrade_ratio"]))
         except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError, KeyError, ValueError) as e:
             elapsed = time.monotonic() - started
             REQUEST.labels("error").observe(elapsed)
