@@ -2,7 +2,9 @@
  * (process or thread) by a watched task joins its service; an exiting task leaves. (Hint slots are
  * cleared by user space, which knows which tids still share them.)
  * User space (daemon/collectors/kernel/targeting.py) seeds the map with the threads of every
- * matched process and adds new matches each interval. */
+ * matched process and adds new matches each interval. A program exec'd by a task no service
+ * owns is sent to user space at once (daemon/collectors/kernel/arrivals.py), which watches it
+ * there and then if it is a service's: a service started after slotune counts from its start. */
 
 int on_process_fork(struct tracepoint__sched__sched_process_fork *args)
 {
@@ -25,3 +27,20 @@ int on_process_exit(struct tracepoint__sched__sched_process_exit *args)
         watched.delete(&tid);
     return 0;
 }
+
+/* Process ids of programs just exec'd by unwatched tasks (a full buffer drops them:
+ * the next rescan finds those). syscalls:sys_exit_execve{,at} rather than
+ * sched:sched_process_exec, which is the exec family's: one program per tracepoint. */
+BPF_RINGBUF_OUTPUT(execs, 8);
+
+static __always_inline int exec_done(long ret)
+{
+    if (ret != 0 || service_of_task(current_tid()))
+        return 0;                  /* failed, or already its service's since its fork */
+    u32 pid = current_tgid();
+    execs.ringbuf_output(&pid, sizeof(pid), 0);
+    return 0;
+}
+
+int on_execve_exit(struct tracepoint__syscalls__sys_exit_execve *args)     { return exec_done(args->ret); }
+int on_execveat_exit(struct tracepoint__syscalls__sys_exit_execveat *args) { return exec_done(args->ret); }

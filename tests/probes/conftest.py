@@ -3,6 +3,7 @@ killed, kernel collectors that are always closed, a unique tag per test so
 command-line matching never catches anyone else's processes."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -53,6 +54,18 @@ def spawn():
         for f in (p.stdin, p.stdout):
             if f:
                 f.close()
+
+
+@pytest.fixture
+def started():
+    """started(argv) -> Popen of any program, with pipes (stderr into stdout); killed at teardown."""
+    with contextlib.ExitStack() as stack:
+        def start(argv):
+            p = stack.enter_context(subprocess.Popen([str(a) for a in argv], stdin=subprocess.PIPE,
+                                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            stack.callback(p.kill)
+            return p
+        yield start
 
 
 @pytest.fixture

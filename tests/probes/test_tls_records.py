@@ -4,7 +4,6 @@ handshake driven by the first read through a BIO, which SSL_do_handshake never
 sees) under `openssl s_time -www`, a Go crypto/tls server (no libssl at all)
 and nginx with ssl; Python's ssl is tests/probes/test_tls.py. A plaintext HTTP
 service beside them counts none."""
-import contextlib
 import re
 import shutil
 import socket
@@ -20,18 +19,6 @@ from tests.probes.test_tls import make_cert
 
 KEY = ("tls_handshake", "")
 PLAIN_REQUESTS = 20
-
-
-@pytest.fixture
-def started():
-    """started(argv) -> Popen with pipes, killed and waited for at teardown."""
-    with contextlib.ExitStack() as stack:
-        def start(argv):
-            p = stack.enter_context(subprocess.Popen([str(a) for a in argv], stdin=subprocess.PIPE,
-                                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-            stack.callback(p.kill)
-            return p
-        yield start
 
 
 def s_time(port: int, *mode: str) -> list[int]:
@@ -78,13 +65,19 @@ def test_openssl_s_server_www_and_plaintext_beside_it(kernel, spawn, started, ta
     assert handshakes(collected(collector)["s_server"]) == reused + 1
 
 
-def test_go_crypto_tls_server(kernel, started, tmp_path):
+def go_server(tmp_path):
+    """workers/tls_server.go built in tmp_path, offline, from Go's standard library."""
     if not shutil.which("go"):
         pytest.skip("no go toolchain (apt-get install golang; scripts/setup.sh installs it)")
     binary = tmp_path / "tls_server"
     subprocess.run(["go", "build", "-o", binary, WORKERS / "tls_server.go"], check=True, capture_output=True,
                    env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GOCACHE": str(tmp_path / "gocache"),
                         "GOPATH": str(tmp_path / "gopath"), "GO111MODULE": "off"}, timeout=300)
+    return binary
+
+
+def test_go_crypto_tls_server(kernel, started, tmp_path):
+    binary = go_server(tmp_path)
     cert, key = make_cert(tmp_path)
     server = started([binary, cert, key])
     port = int(server.stdout.readline())

@@ -3,22 +3,27 @@ one BPF object, and each interval turns the kernel's cumulative maps into one
 Sample of deltas per service. collect() never raises: a map it cannot read keeps
 its last value (its deltas come with the next interval that reads it), each kind
 of failure is logged once. Inserts a full map refused, the kernel's and its own
-into `watched`, are counted in slotune_bpf_map_full_total{map}. close() detaches
-everything and is idempotent."""
+into `watched`, are counted in slotune_bpf_map_full_total{map}. A program a
+service starts is watched as it execs (arrivals.py: a thread, which takes the
+collector's lock in turn with the rescan). close() detaches everything and is
+idempotent."""
 from __future__ import annotations
 
 import ctypes
 import logging
 import os
+import threading
+import time
 
 from daemon.model.sample import Sample
+from daemon.collectors.kernel.arrivals import Arrivals
 from daemon.collectors.kernel.families import SIGNAL_NAMES, make_families
 from daemon.collectors.kernel.map_full import MapFull
 from daemon.collectors.kernel.maps import U32, items
 from daemon.collectors.kernel.program import HINT_SLOTS, MAP_ENTRIES, Program
 from daemon.model.histogram import Histogram
 from daemon.model.service import ServiceSpec
-from daemon.collectors.kernel.targeting import ServiceProcesses, Targeting
+from daemon.collectors.kernel.targeting import ServiceProcesses, Targeting, threads
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +45,9 @@ class KernelCollector:
         self.start_error = ""
         self.hinted: set[int] = set()             # watched_hint slots we set
         self.failed: set[str] = set()             # kinds of failure already logged
+        self.lock = threading.RLock()             # the rescan and adopt() change `watched` in turn
+        self.arrivals: Arrivals | None = None
+        self.adopt_spent = 0.0                    # seconds adopt() matched since the last rescan
 
     @property
     def up(self) -> bool:
@@ -70,15 +78,17 @@ class KernelCollector:
         self.program.attach_tracepoints()
         self.refresh()
         self.last = self._read()
+        self.arrivals = self._try("exec watch start", None, Arrivals, self.program, self.adopt)
 
     def update_services(self, services: list[ServiceSpec]) -> None:
-        if self.targeting is None:
-            self.targeting = Targeting(services)
-        else:
-            self.targeting.update_services(services)
-        self._assign_ids(services)
-        if self.program:
-            self.refresh()
+        with self.lock:
+            if self.targeting is None:
+                self.targeting = Targeting(services)
+            else:
+                self.targeting.update_services(services)
+            self._assign_ids(services)
+            if self.program:
+                self.refresh()
 
     def _assign_ids(self, services: list[ServiceSpec]) -> None:
         for spec in services:
@@ -86,6 +96,11 @@ class KernelCollector:
 
     def refresh(self) -> None:
         """Rescan the services' processes and bring the kernel maps up to date."""
+        with self.lock:
+            self._refresh()
+            self.adopt_spent = 0.0
+
+    def _refresh(self) -> None:
         self.targets = self.targeting.scan()
         wanted = {tid: self.service_ids[name] for name, procs in self.targets.items()
                   for tid in procs.tids}
@@ -111,6 +126,38 @@ class KernelCollector:
         self._update_hints(kept)
         for family in self.families:
             self._try(f"{family.name} refresh", None, family.refresh, self.program, self.targets, self.service_ids)
+
+    def adopt(self, pid: int) -> None:
+        """A program an unwatched task just exec'd: if it is a service's, watch its
+        threads now. Only the finders an exec already shows (command line, unit,
+        cgroup, user): a port finder waits for the rescan. Matching here shares
+        the rescan's time budget, so exec'ing command lines cannot hog the daemon."""
+        with self.lock:
+            if (self.program is None or pid == self.targeting.own_pid
+                    or self.adopt_spent > self.targeting.scan_budget_s):
+                return
+            t0 = time.perf_counter()
+            names = [s.name for s in self.targeting.services
+                     if s.port is None and self.targeting.matches(pid, s, {})]
+            self.adopt_spent += time.perf_counter() - t0
+            if not names:
+                return
+            sid = self.service_ids[names[-1]]     # as in the rescan: the last service listed wins
+            watched, hint = self.program.table("watched"), self.program.table("watched_hint")
+            seen: set[int] = set()
+            for _ in range(3):   # threads started meanwhile by one not yet watched (Go starts several at once)
+                tids = threads(pid) - seen
+                if not tids:
+                    break
+                for tid in tids:
+                    try:
+                        watched[U32(tid)] = U32(sid)
+                    except Exception:   # BCC raises bare Exception; in practice the map is full
+                        self.map_full.user("watched")
+                    if tid % HINT_SLOTS not in self.hinted:
+                        hint[ctypes.c_int(tid % HINT_SLOTS)] = U32(1)
+                        self.hinted.add(tid % HINT_SLOTS)
+                seen |= tids
 
     def _update_hints(self, tids: set[int]) -> None:
         """Set the watched_hint slots of these tids, clear the ones no longer needed
@@ -184,7 +231,11 @@ class KernelCollector:
         return signal, family.label(signal, label_id) if family else ""
 
     def close(self) -> None:
-        program, self.program = self.program, None
+        arrivals, self.arrivals = self.arrivals, None
+        if arrivals is not None:
+            arrivals.stop()
+        with self.lock:
+            program, self.program = self.program, None
         if program is not None:
             program.close()
 
