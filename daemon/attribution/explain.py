@@ -159,23 +159,22 @@ class _Stats:
     readings: dict[str, causes.Reading]
 
 
-_spans: dict[tuple[int, int, int, str], tuple[weakref.ref, weakref.ref, _Stats]] = {}
+# span's first window -> {(id of its last, windows, source): _Stats}. An entry goes when its
+# first window does: windows leave the history oldest first, so its last lives as long.
+_spans: "weakref.WeakKeyDictionary[Window, dict]" = weakref.WeakKeyDictionary()
 
 
 def _stats(ws: Sequence[Window], source: str) -> _Stats:
     """_Stats of windows merged; remembered while the windows live (a Window never changes once built)."""
-    key = (id(ws[0]), id(ws[-1]), len(ws), source)
-    hit = _spans.get(key)
-    if hit is not None and hit[0]() is ws[0] and hit[1]() is ws[-1]:
-        return hit[2]
+    known = _spans.setdefault(ws[0], {})
+    key = (id(ws[-1]), len(ws), source)
+    if key in known:
+        return known[key]
     span = merge(ws)
     timing = request_timing(span, source)
     p50, p99 = (timing.quantile(0.5), timing.quantile(0.99)) if timing is not None else (math.nan, math.nan)
     value = _Stats(p50, p99, causes.read_all(span))
-    _spans[key] = (weakref.ref(ws[0]), weakref.ref(ws[-1]), value)
-    if len(_spans) > 100_000:
-        for k in [k for k, (a, b, _) in _spans.items() if a() is None or b() is None]:
-            del _spans[k]
+    known[key] = value
     return value
 
 

@@ -16,7 +16,7 @@ ERROR_OUTCOMES = ("error",)
 REJECTED_OUTCOMES = ("rejected",)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)   # one per service per interval: it is its own identity
 class Window:
     service: str
     start: float
