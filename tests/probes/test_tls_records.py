@@ -2,7 +2,8 @@
 exactly against what each reference reports: `openssl s_server -www` (its
 handshake driven by the first read through a BIO, which SSL_do_handshake never
 sees) under `openssl s_time -www`, a Go crypto/tls server (no libssl at all)
-and nginx with ssl; Python's ssl is tests/probes/test_tls.py. A plaintext HTTP
+and nginx with ssl; Python's ssl is tests/probes/test_tls.py, and here once more
+with TLS started after a plaintext exchange (STARTTLS). A plaintext HTTP
 service beside them counts none."""
 import re
 import shutil
@@ -19,6 +20,7 @@ from tests.probes.test_tls import make_cert
 
 KEY = ("tls_handshake", "")
 PLAIN_REQUESTS = 20
+STARTTLS_CONNECTIONS = 10
 
 
 def s_time(port: int, *mode: str) -> list[int]:
@@ -131,3 +133,20 @@ http {{
     print(f"s_time: {phases} connections (new, reused); nginx's access log: {requests} requests")
     assert requests == sum(phases) + 1
     assert handshakes(samples["nginx"]) == requests
+
+
+def test_tls_started_after_a_plaintext_exchange(kernel, spawn, tag, tmp_path):
+    """PostgreSQL's way (SSLRequest, "S", then TLS): the connection is still waited on."""
+    cert, key = make_cert(tmp_path)
+    server = spawn("starttls", "server", f"{tag}-s", cert, key)
+    port = int(server.stdout.readline())
+    client = spawn("starttls", "client", f"{tag}-c", port, STARTTLS_CONNECTIONS)
+    collector = kernel([ServiceSpec("server", cmdline=f"starttls.py server {tag}-s"),
+                        ServiceSpec("client", cmdline=f"starttls.py client {tag}-c")], ["tls"])
+    collected(collector)
+    client.stdin.write("go\n")
+    client.stdin.flush()
+    assert client.stdout.readline().strip() == "done"
+    samples = collected(collector)
+    assert handshakes(samples["server"]) == STARTTLS_CONNECTIONS
+    assert handshakes(samples["client"]) == STARTTLS_CONNECTIONS
