@@ -1,12 +1,24 @@
-/* TCP per service and peer: smoothed RTT (tcp:tcp_probe srtt), retransmits
- * (tcp:tcp_retransmit_skb), connect time SYN_SENT -> ESTABLISHED and connections
- * opened/closed (sock:inet_sock_set_state).
+/* TCP per service and peer: smoothed RTT (tcp:tcp_probe srtt), retransmitted
+ * segments (tcp:tcp_retransmit_skb, and tcp:tcp_retransmit_synack for SYN-ACKs: the
+ * two ways the kernel adds to TcpRetransSegs), connect time SYN_SENT -> ESTABLISHED and
+ * connections opened/closed (sock:inet_sock_set_state).
  * These tracepoints fire in softirq context, where the current task is not the
- * service, so sockets are tied to services in two layout-safe ways:
+ * service, so sockets are tied to services in two ways:
  *   - an active open (CLOSE -> SYN_SENT) runs in the connecting task's own
  *     connect(): the socket address (skaddr) is recorded with that task's service;
- *   - an accepted socket is recognised by its local port, which user space fills
- *     into tcp_listen_ports from the service's listening sockets.
+ *   - an accepted socket is recognised by its network namespace and local port,
+ *     which user space fills into tcp_listen_ports from the service's listening
+ *     sockets, each read in the service process's own namespace.
+ * No tracepoint carries the socket's namespace or the skb's segment count, so two
+ * kernel fields are read at offsets user space takes from the running kernel's BTF
+ * (never from the installed headers): sock->__sk_common.skc_net.net->ns.inum
+ * (TCP_SK_NET_OFF, TCP_NET_INUM_OFF) and TCP_SKB_CB(skb)->tcp_gso_segs
+ * (TCP_SKB_SEGS_OFF: the segments the kernel adds to TcpRetransSegs). Where BTF
+ * lacks them the offsets are -1: ports then match in every namespace (netns 0 on
+ * both sides) and a retransmitted skb counts as one segment.
+ * RTT is sampled at most once per TCP_RTT_EVERY_NS per connection (the first
+ * received segment after that), so each busy connection weighs the same in time,
+ * however many segments it receives: a burst of ACKs counts once.
  * The peer label comes from the remote port (ServiceSpec.peers), else "other". */
 
 #define TCP_ESTABLISHED 1
@@ -15,11 +27,21 @@
 #define TCP_CLOSE 7
 #define TCP_LISTEN 10
 #define IPPROTO_TCP_ 6
+/* tcp_retransmit_skb's err when __tcp_retransmit_skb gave up before the kernel
+ * counted the segments (the skb still in the host queue, no memory, no route, no window). */
+#define TCP_NOT_COUNTED(err) ((err) == -16 || (err) == -12 || (err) == -113 || (err) == -11 || (err) == -22)
 
 struct tcp_owner {
     u64 connect_at;      /* ns at SYN_SENT, 0 for accepted sockets */
+    u64 rtt_at;          /* ns of the connection's last RTT sample */
     u32 service;
     u16 peer;
+    u16 pad;
+};
+
+struct tcp_listen_key {
+    u32 netns;           /* inode of the network namespace (0: unknown, see above) */
+    u16 port;            /* local port, host order */
     u16 pad;
 };
 
@@ -29,9 +51,9 @@ struct tcp_peer_key {
     u16 pad;
 };
 
-BPF_TABLE("lru_hash", u64, struct tcp_owner, tcp_socks, 65536);   /* skaddr -> owner */
-BPF_HASH(tcp_listen_ports, u16, u32, 1024);                        /* local port -> service */
-BPF_HASH(tcp_peer_ports, struct tcp_peer_key, u16, 1024);          /* (service, remote port) -> peer id */
+BPF_TABLE("lru_hash", u64, struct tcp_owner, tcp_socks, 65536);        /* skaddr -> owner */
+BPF_HASH(tcp_listen_ports, struct tcp_listen_key, u32, 1024);          /* (netns, local port) -> service */
+BPF_HASH(tcp_peer_ports, struct tcp_peer_key, u16, 1024);              /* (service, remote port) -> peer id */
 
 static __always_inline u16 tcp_peer_of(u32 service, u16 remote_port)
 {
@@ -40,38 +62,78 @@ static __always_inline u16 tcp_peer_of(u32 service, u16 remote_port)
     return peer ? *peer : TCP_PEER_OTHER;
 }
 
-/* Owner of a socket seen in softirq: recorded at connect, else by listening port. */
-static __always_inline int tcp_owner_of(u64 sk, u16 sport, u16 dport, struct tcp_owner *out)
+static __always_inline u32 tcp_netns_of(u64 sk)
+{
+    if (TCP_SK_NET_OFF < 0 || TCP_NET_INUM_OFF < 0)
+        return 0;
+    u64 net = 0;
+    u32 inum = 0;
+    bpf_probe_read_kernel(&net, sizeof(net), (void *)(sk + TCP_SK_NET_OFF));
+    if (net)
+        bpf_probe_read_kernel(&inum, sizeof(inum), (void *)(net + TCP_NET_INUM_OFF));
+    return inum;
+}
+
+/* The service listening on the socket's (namespace, local port), or 0. */
+static __always_inline u32 *tcp_listener_of(u64 sk, u16 sport)
+{
+    struct tcp_listen_key k = {.netns = tcp_netns_of(sk), .port = sport};
+    return tcp_listen_ports.lookup(&k);
+}
+
+/* Owner of a socket seen in softirq: recorded at connect or at an earlier event,
+ * else by (namespace, listening port), and then recorded for the next events. */
+static __always_inline struct tcp_owner *tcp_owner_of(u64 sk, u16 sport, u16 dport)
 {
     struct tcp_owner *known = tcp_socks.lookup(&sk);
-    if (known) {
-        *out = *known;
-        return 1;
-    }
-    u32 *service = tcp_listen_ports.lookup(&sport);
+    if (known)
+        return known;
+    u32 *service = tcp_listener_of(sk, sport);
     if (!service)
         return 0;
-    out->connect_at = 0;
-    out->service = *service;
-    out->peer = tcp_peer_of(*service, dport);
-    return 1;
+    struct tcp_owner o = {.service = *service, .peer = tcp_peer_of(*service, dport)};
+    tcp_socks.update(&sk, &o);
+    return tcp_socks.lookup(&sk);
 }
 
 int on_tcp_probe(struct tracepoint__tcp__tcp_probe *args)
 {
-    struct tcp_owner o = {};
-    if (!tcp_owner_of((u64)args->skaddr, args->sport, args->dport, &o))
+    struct tcp_owner *o = tcp_owner_of((u64)args->skaddr, args->sport, args->dport);
+    if (!o || !args->srtt)               /* srtt 0: no RTT measured yet */
         return 0;
-    hist_add(o.service, SIG_TCP_RTT, o.peer, (u64)args->srtt * 1000);
+    u64 now = bpf_ktime_get_ns();
+    if (now - o->rtt_at < TCP_RTT_EVERY_NS)
+        return 0;
+    o->rtt_at = now;
+    hist_add(o->service, SIG_TCP_RTT, o->peer, (u64)args->srtt * 1000);
     return 0;
 }
 
 int on_tcp_retransmit(struct tracepoint__tcp__tcp_retransmit_skb *args)
 {
-    struct tcp_owner o = {};
-    if (!tcp_owner_of((u64)args->skaddr, args->sport, args->dport, &o))
+#if TCP_RETRANSMIT_ERR
+    if (TCP_NOT_COUNTED(args->err))
         return 0;
-    count_add(o.service, SIG_TCP_RETRANSMITS, o.peer, 1);
+#endif
+    struct tcp_owner *o = tcp_owner_of((u64)args->skaddr, args->sport, args->dport);
+    if (!o)
+        return 0;
+    u16 segs = 1;
+    if (TCP_SKB_SEGS_OFF >= 0) {
+        bpf_probe_read_kernel(&segs, sizeof(segs), (void *)((u64)args->skbaddr + TCP_SKB_SEGS_OFF));
+        if (!segs)
+            segs = 1;
+    }
+    count_add(o->service, SIG_TCP_RETRANSMITS, o->peer, segs);
+    return 0;
+}
+
+/* A SYN-ACK sent again by a listener (fires only when sent; one segment). */
+int on_tcp_retransmit_synack(struct tracepoint__tcp__tcp_retransmit_synack *args)
+{
+    u32 *service = tcp_listener_of((u64)args->skaddr, args->sport);
+    if (service)
+        count_add(*service, SIG_TCP_RETRANSMITS, tcp_peer_of(*service, args->dport), 1);
     return 0;
 }
 
@@ -91,19 +153,24 @@ int on_tcp_state(struct tracepoint__sock__inet_sock_set_state *args)
         tcp_socks.update(&sk, &o);
         return 0;
     }
-    struct tcp_owner o = {};
-    if (!tcp_owner_of(sk, args->sport, args->dport, &o))
+    if (to == TCP_CLOSE && (from == TCP_SYN_SENT || from == TCP_SYN_RECV || from == TCP_LISTEN)) {
+        tcp_socks.delete(&sk);                              /* never established */
         return 0;
+    }
+    if (to != TCP_ESTABLISHED && to != TCP_CLOSE)
+        return 0;
+    struct tcp_owner *o = tcp_owner_of(sk, args->sport, args->dport);
+    if (!o)
+        return 0;
+    u32 service = o->service;
+    u16 peer = o->peer;
     if (to == TCP_ESTABLISHED) {
-        if (from == TCP_SYN_SENT && o.connect_at)
-            hist_add(o.service, SIG_TCP_CONNECT, o.peer, bpf_ktime_get_ns() - o.connect_at);
-        else if (from == TCP_SYN_RECV)
-            tcp_socks.update(&sk, &o);
-        count_add(o.service, SIG_TCP_OPENED, o.peer, 1);
-    } else if (to == TCP_CLOSE) {
-        if (from != TCP_SYN_SENT && from != TCP_SYN_RECV && from != TCP_LISTEN)
-            count_add(o.service, SIG_TCP_CLOSED, o.peer, 1);
+        if (from == TCP_SYN_SENT && o->connect_at)
+            hist_add(service, SIG_TCP_CONNECT, peer, bpf_ktime_get_ns() - o->connect_at);
+        count_add(service, SIG_TCP_OPENED, peer, 1);
+    } else {
         tcp_socks.delete(&sk);
+        count_add(service, SIG_TCP_CLOSED, peer, 1);
     }
     return 0;
 }

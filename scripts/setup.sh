@@ -24,7 +24,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 # --- distro packages -------------------------------------------------------
-PACKAGES=(python3-bpfcc bpfcc-tools bpftool prometheus redis-server iproute2
+PACKAGES=(python3-bpfcc bpfcc-tools bpftool prometheus redis-server iproute2 iperf3
           python3-venv python3-dev gcc make openssl procps systemd strace golang nginx-light)
 
 step "distro packages"

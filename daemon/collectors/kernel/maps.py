@@ -21,14 +21,15 @@ def _plain(value):
     return value.value if isinstance(value, ctypes._SimpleCData) else value
 
 
-def set_entries(table, keytype, valtype, wanted: dict[int, int]) -> None:
-    """Make a u32/u16 -> u32/u16 map hold exactly `wanted` (only writes the differences)."""
-    present = dict(items(table))
+def set_entries(table, valtype, wanted: dict[tuple, int]) -> None:
+    """Make a map keyed by a struct hold exactly `wanted`, keys given as tuples of
+    every field in order (only writes the differences)."""
+    present = {tuple(getattr(k, f) for f, _ in k._fields_): v for k, v in items(table)}
     for key, value in wanted.items():
         if present.get(key) != value:
-            table[keytype(key)] = valtype(value)
+            table[table.Key(*key)] = valtype(value)
     for key in present.keys() - wanted.keys():
         try:
-            del table[keytype(key)]
+            del table[table.Key(*key)]
         except KeyError:
             pass

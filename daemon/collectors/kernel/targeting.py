@@ -3,7 +3,9 @@ user, listening port; all given ones must match) and keeps the set current: each
 scan reads one small /proc/<pid>/stat per process and evaluates the full match
 only for processes it has not seen before (or that exec'ed since), within a time
 budget. Threads count with their process. The kernel side (bpf/targeting.bpf.c)
-adds forks between scans."""
+adds forks between scans. Each process's network namespace is known, and its
+listening ports are read in that namespace (/proc/<pid>/net), so a service in a
+container is seen there and its ports never mix with another namespace's."""
 from __future__ import annotations
 
 import logging
@@ -35,7 +37,8 @@ class ServiceProcesses:
     service: ServiceSpec
     tgids: set[int] = field(default_factory=set)
     tids: set[int] = field(default_factory=set)
-    listen_ports: set[int] = field(default_factory=set)
+    netns: dict[int, int] = field(default_factory=dict)               # tgid -> inode of /proc/<pid>/ns/net
+    listen_ports: set[tuple[int, int]] = field(default_factory=set)   # (netns, port) it listens on
 
 
 def validate(spec: ServiceSpec) -> tuple[re.Pattern | None, int | None]:
@@ -137,29 +140,65 @@ def threads(pid: int) -> set[int]:
         return set()
 
 
-def listening_sockets() -> frozenset[int]:
-    """Inodes of every listening TCP socket on the host, from /proc/net/tcp{,6}: a cheap
-    fingerprint that changes exactly when some process starts or stops listening."""
-    inodes = set()
-    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+def netns_of(pid: int) -> int | None:
+    """Inode of the process's network namespace (what `ip netns identify` compares)."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
+
+
+def listening_table(net_dir: str) -> dict[int, int]:
+    """Listening TCP sockets of one network namespace, socket inode -> port, from
+    <net_dir>/tcp and tcp6: /proc/net is our own namespace, /proc/<pid>/net the process's."""
+    out = {}
+    for name in ("tcp", "tcp6"):
         try:
-            with open(path) as f:
+            with open(f"{net_dir}/{name}") as f:
                 next(f, None)
                 for line in f:
                     fields = line.split()
                     if len(fields) > 9 and fields[3] == "0A":   # TCP_LISTEN
-                        inodes.add(int(fields[9]))
-        except OSError:
+                        out[int(fields[9])] = int(fields[1].rpartition(":")[2], 16)
+        except (OSError, ValueError):
             pass
+    return out
+
+
+def listening_sockets(pids) -> frozenset[int]:
+    """Inodes of the listening TCP sockets in our own namespace and in those of `pids`
+    (one process per namespace): a cheap fingerprint that changes exactly when some
+    process there starts or stops listening."""
+    inodes = set(listening_table("/proc/net"))
+    for pid in pids:
+        inodes |= listening_table(f"/proc/{pid}/net").keys()
     return frozenset(inodes)
 
 
-def listening_ports(pid: int) -> set[int]:
+def socket_inodes(pid: int) -> set[int]:
+    """Inodes of the sockets the process holds open (its fds that read socket:[N])."""
+    out = set()
     try:
-        return {c.laddr.port for c in psutil.Process(pid).net_connections(kind="tcp")
-                if c.status == psutil.CONN_LISTEN}
-    except (psutil.Error, OSError):
-        return set()
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out.add(int(target[8:-1]))
+    return out
+
+
+def listening_ports(pid: int) -> tuple[int | None, set[int]]:
+    """(network namespace, ports the process listens on there); (None, set()) when it is gone."""
+    netns = netns_of(pid)
+    if netns is None:
+        return None, set()
+    table = listening_table(f"/proc/{pid}/net")
+    return netns, {table[inode] for inode in socket_inodes(pid) if inode in table}
 
 
 class Targeting:
@@ -183,7 +222,8 @@ class Targeting:
         self.seen: dict[int, tuple[tuple[str, int], frozenset[str]]] = {}
         self.listen_inodes: frozenset[int] | None = None   # listening sockets at the last scan
         self.listeners: dict[int, set[int]] = {}            # port -> pids, while they stay the same
-        self.pid_ports: dict[int, set[int]] = {}            # pid -> its listening ports, likewise
+        self.pid_ports: dict[int, tuple[int | None, set[int]]] = {}   # pid -> (netns, its listening ports), likewise
+        self.other_netns: dict[int, int] = {}               # netns -> one service pid in it, not our own
 
     def matches(self, pid: int, spec: ServiceSpec, listeners: dict[int, set[int]]) -> bool:
         """The command line, which another user may have written, is read last: only
@@ -220,7 +260,9 @@ class Targeting:
         return frozenset(names)
 
     def port_listeners(self) -> dict[int, set[int]]:
-        """Listening port -> pids, only when some service is declared by port."""
+        """Listening port -> pids, only when some service is declared by port: ports of
+        our own network namespace (the host's); a containerised service is found by
+        its other finders, and its ports are then read in its namespace."""
         if not any(s.port for s in self.services):
             return {}
         out: dict[int, set[int]] = {}
@@ -231,7 +273,7 @@ class Targeting:
 
     def scan(self) -> dict[str, ServiceProcesses]:
         found = {s.name: ServiceProcesses(s) for s in self.services}
-        inodes = listening_sockets()
+        inodes = listening_sockets(self.other_netns.values())
         fresh = inodes != self.listen_inodes   # who listens where is read again only when it changed
         if fresh:
             self.listen_inodes, self.listeners, self.pid_ports = inodes, self.port_listeners(), {}
@@ -274,7 +316,13 @@ class Targeting:
                 procs.tids |= threads(pid)
                 if pid not in self.pid_ports:
                     self.pid_ports[pid] = listening_ports(pid)
-                procs.listen_ports |= self.pid_ports[pid]
+                netns, ports = self.pid_ports[pid]
+                if netns is not None:
+                    procs.netns[pid] = netns
+                    procs.listen_ports |= {(netns, port) for port in ports}
+        own = netns_of(self.own_pid)
+        self.other_netns = {netns: pid for procs in found.values() for pid, netns in procs.netns.items()
+                            if netns != own}
         return found
 
     def _warn_over_budget(self, spent: dict[str, float], waiting: int) -> None:

@@ -1,16 +1,52 @@
-"""TCP RTT, retransmits, connect time and churn per service and peer (bpf/tcp.bpf.c).
-Each interval it tells the kernel side which local ports the services listen on
-and which remote ports name which peer."""
+"""TCP RTT, retransmitted segments, connect time and churn per service and peer
+(bpf/tcp.bpf.c). Each interval it tells the kernel side on which (network
+namespace, local port) the services listen and which remote ports name which peer.
+The two kernel fields the program reads (a socket's namespace, an skb's segment
+count) are at offsets taken from the running kernel's BTF when it is built."""
+from __future__ import annotations
+
+import logging
+
+from daemon.collectors.kernel.btf import BtfError, offsets
 from daemon.collectors.kernel.family import Family, Signal
-from daemon.collectors.kernel.maps import U16, U32, items, set_entries
+from daemon.collectors.kernel.maps import U16, U32, set_entries
+
+log = logging.getLogger(__name__)
 
 OTHER = "other"
+# One RTT sample per connection per 10 ms at most: a busy connection weighs 100
+# samples a second whatever its packet rate, instead of one per received segment.
+RTT_EVERY_NS = 10_000_000
+SK_NET = ("sock", "__sk_common.skc_net.net")      # struct net * of a socket
+NET_INUM = ("net", "ns.inum")                      # its inode, as in /proc/<pid>/ns/net
+SKB_CB = ("sk_buff", "cb")                         # TCP_SKB_CB(skb) lives here
+CB_SEGS = ("tcp_skb_cb", "tcp_gso_segs")           # tcp_skb_pcount(skb)
+RETRANSMIT_FORMAT = "/sys/kernel/tracing/events/tcp/tcp_retransmit_skb/format"
+
+
+def kernel_layout() -> dict[str, int]:
+    """The #defines bpf/tcp.bpf.c reads kernel fields with (-1: unknown on this kernel)."""
+    try:
+        off = offsets((SK_NET, NET_INUM, SKB_CB, CB_SEGS))
+        layout = {"TCP_SK_NET_OFF": off[SK_NET], "TCP_NET_INUM_OFF": off[NET_INUM],
+                  "TCP_SKB_SEGS_OFF": off[SKB_CB] + off[CB_SEGS]}
+    except BtfError as exc:
+        log.warning("tcp probes: %s; listening ports are matched in every network namespace "
+                    "and a retransmitted skb counts as one segment", exc)
+        layout = {"TCP_SK_NET_OFF": -1, "TCP_NET_INUM_OFF": -1, "TCP_SKB_SEGS_OFF": -1}
+    try:   # since Linux 6.10 the tracepoint also fires when the retransmit gave up, with err
+        with open(RETRANSMIT_FORMAT) as f:
+            layout["TCP_RETRANSMIT_ERR"] = int("field:int err;" in f.read())
+    except OSError:
+        layout["TCP_RETRANSMIT_ERR"] = 0
+    return layout
 
 
 class Tcp(Family):
     name = source = "tcp"
     signals = (Signal("tcp_rtt", "slotune_tcp_rtt_seconds", "peer", "histogram",
-                      "Smoothed TCP round-trip time of the service's connections, per received segment"),
+                      "Smoothed TCP round-trip time of the service's connections, "
+                      "sampled at most every 10 ms per connection"),
                Signal("tcp_connect", "slotune_tcp_connect_seconds", "peer", "histogram",
                       "TCP connect time (SYN_SENT to ESTABLISHED) of the service's outgoing connections"),
                Signal("tcp_retransmits", "slotune_tcp_retransmits_total", "peer", "counter",
@@ -21,11 +57,13 @@ class Tcp(Family):
                       "Established TCP connections of the service that closed"))
     tracepoints = (("tcp:tcp_probe", "on_tcp_probe"),
                    ("tcp:tcp_retransmit_skb", "on_tcp_retransmit"),
+                   ("tcp:tcp_retransmit_synack", "on_tcp_retransmit_synack"),
                    ("sock:inet_sock_set_state", "on_tcp_state"))
-    defines = {"TCP_PEER_OTHER": 0}
 
     def __init__(self):
         self.peer_ids: dict[str, int] = {OTHER: 0}   # grows only: ids stay stable for deltas
+        self.defines = {"TCP_PEER_OTHER": 0, "TCP_RTT_EVERY_NS": RTT_EVERY_NS, **kernel_layout()}
+        self.netns_known = self.defines["TCP_SK_NET_OFF"] >= 0 and self.defines["TCP_NET_INUM_OFF"] >= 0
 
     def label(self, signal: str, label_id: int) -> str:
         for name, peer_id in self.peer_ids.items():
@@ -38,15 +76,9 @@ class Tcp(Family):
         peers = {}
         for name, procs in targets.items():
             sid = service_ids[name]
-            for port in procs.listen_ports:
-                listen[port] = sid
+            for netns, port in procs.listen_ports:
+                listen[(netns if self.netns_known else 0, port, 0)] = sid
             for port, peer in procs.service.peers.items():
-                peers[(sid, port)] = self.peer_ids.setdefault(peer, len(self.peer_ids))
-        set_entries(program.table("tcp_listen_ports"), U16, U32, listen)
-        table = program.table("tcp_peer_ports")
-        present = {(k.service, k.port): v for k, v in items(table)}
-        for (sid, port), peer_id in peers.items():
-            if present.get((sid, port)) != peer_id:
-                table[table.Key(sid, port, 0)] = U16(peer_id)
-        for sid, port in present.keys() - peers.keys():
-            del table[table.Key(sid, port, 0)]
+                peers[(sid, port, 0)] = self.peer_ids.setdefault(peer, len(self.peer_ids))
+        set_entries(program.table("tcp_listen_ports"), U32, listen)    # keys (netns, port, pad)
+        set_entries(program.table("tcp_peer_ports"), U16, peers)       # keys (service, port, pad)

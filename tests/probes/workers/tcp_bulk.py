@@ -3,8 +3,7 @@ namespace), prints its port and discards whatever arrives until the peer closes.
 waits for a line "SECONDS PAUSE" on stdin, then sends 16 KiB chunks on one
 connection for SECONDS, pausing PAUSE seconds after each (0: as fast as the link
 takes them), then waits until all of it is acknowledged, sampling the kernel's own srtt of that socket (TCP_INFO,
-tcpi_rtt in µs, with the segments received since the previous sample) every
-5 ms from a second thread, and prints the samples as JSON; repeats per line."""
+tcpi_rtt in µs) every 5 ms from a second thread, and prints the samples as JSON; repeats per line."""
 import fcntl
 import json
 import socket
@@ -34,12 +33,9 @@ else:
     chunk = b"x" * 16384
 
     def sample_srtt(conn, samples, stop):
-        segs_before = 0
         while not stop.wait(0.005):
             info = conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 144)
-            srtt_us, segs_in = struct.unpack_from("I", info, 68)[0], struct.unpack_from("I", info, 140)[0]
-            samples.append((srtt_us, segs_in - segs_before))   # tcpi_rtt, tcpi_segs_in delta
-            segs_before = segs_in
+            samples.append(struct.unpack_from("I", info, 68)[0])   # tcpi_rtt
 
     for line in sys.stdin:
         seconds, pause = map(float, line.split())
