@@ -36,6 +36,14 @@ class Policy:
                 state = _replace_path(state, path.split("."), float(settings[setting]))
         return state
 
+    def held(self, state: Any, setting: str) -> float | None:
+        """The value of a setting as the state holds it, or None when it holds none."""
+        if setting not in self.fields:
+            return None
+        for part in self.fields[setting].split("."):
+            state = getattr(state, part)
+        return float(state)
+
 
 def _replace_path(state: Any, path: list[str], value: float) -> Any:
     head, *rest = path

@@ -142,7 +142,7 @@ class ControlLoop:
         try:
             if tconf.name not in sc.states:
                 sc.states[tconf.name] = policy.initial_state(dict(sc.settings))
-            state = policy.resync(sc.states[tconf.name], sc.settings)   # steer from what is in force
+            state = policy.resync(sc.states[tconf.name], self._to_resync(sc, policy, sc.states[tconf.name]))
             sc.states[tconf.name], decision = policy.decide(state, obs)
         except ValueError as exc:   # e.g. the service has no such setting: stop this tuner, keep the rest
             log.error("service %s: tuner %s stopped: %s", sc.conf.name, tconf.name, exc)
@@ -153,6 +153,21 @@ class ControlLoop:
             return self._alert(sc, spec.name, spec.alert, now, obs, decision)
         changes = spec.to_settings(decision.changes, inputs) if spec.to_settings else decision.changes
         return self._apply(sc, tconf, now, changes, decision.reason, recent)
+
+    @staticmethod
+    def _to_resync(sc: ServiceControl, policy, state) -> dict[str, float]:
+        """The settings in force that the tuner's state does not hold: it steers from those
+        (no wind-up against a bound, a hold or a dry run). A value the state holds that the
+        guard turns into the one in force (48.6 for a whole 49) is its finer reading, kept,
+        or small steps on a whole-number setting would never add up."""
+        out = {}
+        for setting, value in sc.settings.items():
+            held, bounds = policy.held(state, setting), sc.conf.settings.get(setting)
+            if held is None or bounds is None:
+                continue
+            if not (bounds.min <= held <= bounds.max and guarded(held, None, bounds) == value):
+                out[setting] = value
+        return out
 
     def _alert(self, sc: ServiceControl, tuner: str, alert: Alert, now: float, obs, decision) -> list[Entry]:
         """An alert-only tuner pushes nothing: it raises or clears an alert, exported and audited when it changes."""

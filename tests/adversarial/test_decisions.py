@@ -159,3 +159,21 @@ def test_a_restart_right_after_a_push_still_judges_it(tmp_path, double):
     assert entries[0].outcome == Outcome.ROLLED_BACK and double.settings["rate_limit_rps"] == 100
     held = restarted.tick(Interval.at(3.0, {"api": [window(2.0, 0.5), window(3.0, 0.1)]}))
     assert [e.outcome for e in held] == [Outcome.HELD]    # the hold came through the restart too
+
+
+def test_small_steps_on_a_whole_number_setting_still_add_up(tmp_path, double):
+    # The state's 3.3 is its finer reading of the 3 in force, not wind-up: it is kept, so
+    # x1.1 steps from 3 reach 4 (resynced to 3 each time, they would round back to 3 forever).
+    (tmp_path / "slotune.toml").write_text(RATE_TOML.format(url=f"http://127.0.0.1:{double.port}/admin/config",
+                                                            max=1000).replace(
+        "min = 10\nmax = 1000\nmax_step = 1000", "min = 1\nmax = 1000\nmax_step = 1000\ninteger = true"))
+    cfg = config.load(tmp_path / "slotune.toml")
+    double.settings["rate_limit_rps"] = 3.0
+    control = ControlLoop(cfg, {"api": HttpJsonActuator(cfg.service("api").control.url)},
+                          AuditLog(tmp_path / "audit.jsonl"), False)
+    history = []
+    for t in range(1, 6):
+        history.append(window(float(t), 0.1))
+        control.tick(Interval.at(float(t), {"api": history}))
+    assert cfg.service("api").settings["rate_limit_rps"].integer
+    assert double.settings["rate_limit_rps"] >= 4
