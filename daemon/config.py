@@ -76,7 +76,7 @@ class Config:
     baseline_store: str = "/var/lib/slotune/baselines.sqlite"
     baseline_retention_days: float = 35.0     # points older than this are pruned (drift reads 7 days)
     audit_log: str = "/var/lib/slotune/audit.jsonl"
-    state_file: str = "/var/lib/slotune/state.json"   # the guards' memory across restarts
+    state_file: str = "/var/lib/slotune/state.json"   # the guards' memory across restarts (beside audit_log)
     environment: str = "production"
     deploy_id: str = "unknown"
     dry_run: bool = False
@@ -298,6 +298,7 @@ def load(path: str | Path = DEFAULT_PATH) -> Config:
     exporter = d.get("exporter_address", str, "127.0.0.1:9477")
     if not re.fullmatch(r"[\w.\-\[\]:]*:\d{1,5}", exporter):
         raise ConfigError(path, "daemon.exporter_address", f"{exporter!r} is not HOST:PORT")
+    audit_log = d.get("audit_log", str, Config.audit_log, nonempty=True)
     cfg = dict(
         path=str(path),
         collect_interval_s=d.get("collect_interval_s", float, 1.0, lo=0.1, hi=60.0),
@@ -305,8 +306,9 @@ def load(path: str | Path = DEFAULT_PATH) -> Config:
         exporter_address=exporter,
         baseline_store=d.get("baseline_store", str, Config.baseline_store, nonempty=True),
         baseline_retention_days=d.get("baseline_retention_days", float, 35.0, lo=1.0, hi=3650.0),
-        audit_log=d.get("audit_log", str, Config.audit_log, nonempty=True),
-        state_file=d.get("state_file", str, Config.state_file, nonempty=True),
+        audit_log=audit_log,
+        # beside the audit log unless set: two daemons (or a demo and a test) never share guards
+        state_file=d.get("state_file", str, str(Path(audit_log).parent / "state.json"), nonempty=True),
         environment=d.get("environment", str, "production", nonempty=True),
         deploy_id=d.get("deploy_id", str, "") or os.environ.get("SLOTUNE_DEPLOY_ID", "unknown"),
         dry_run=d.get("dry_run", bool, False),

@@ -93,3 +93,10 @@ def test_an_empty_environment(tmp_path):
     with pytest.raises(config.ConfigError) as err:
         config.load(path)
     assert err.value.key == "daemon.environment" and "empty" in err.value.reason
+
+
+def test_the_guards_state_lives_beside_the_audit_log_unless_set(tmp_path):
+    # Two daemons with their own audit logs never share pending judgements and holds.
+    path = tmp_path / "slotune.toml"
+    path.write_text(f'[daemon]\naudit_log = "{tmp_path}/a/audit.jsonl"\n[services.api]\nport = 80\n')
+    assert config.load(path).state_file == f"{tmp_path}/a/state.json"
