@@ -103,6 +103,7 @@ def this_runs_decisions(audit_log: Path, since: float) -> list[dict]:
 
 def run(run_dir: Path, capacity: float | None, scale: float, dry_run: bool, show_every_s: float = 10.0) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "state.json").unlink(missing_ok=True)   # a fresh stack: no earlier run's holds or judgements
     gateway, inference, sidecar, sidecar_admin, redis_port, exporter, *tools = launcher.free_ports(9)
     stack_cfg = launcher.StackConfig(
         run_dir=run_dir / "stack", gateway_port=gateway, inference_port=inference, sidecar_port=sidecar,
