@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import statistics
 import tempfile
-import time
 from datetime import datetime, timezone
 
 import numpy as np
