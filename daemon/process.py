@@ -44,7 +44,7 @@ RESTART_ONLY = ("exporter_address", "audit_log", "baseline_store", "state_file",
 
 class Daemon:
     def __init__(self, cfg: config_mod.Config, dry_run: bool = False, collectors=None, restore_on_exit=False):
-        self.cfg, self.forced_dry_run, self.dry_run = cfg, dry_run, dry_run or cfg.dry_run
+        self.cfg, self.forced_dry_run = cfg, dry_run
         self.metrics = LoopMetrics()
         self.exporter = SampleExporter()
         self.registry = CollectorRegistry()
@@ -57,17 +57,23 @@ class Daemon:
         self.history: dict[str, deque] = defaultdict(lambda: deque(maxlen=self._history_len()))
         self.audit = AuditLog(cfg.audit_log)
         self.store = BaselineStore(cfg.baseline_store, busy_timeout_s=STORE_BUSY_S)
-        self.recorder = BaselineRecorder(self.store, cfg.environment, cfg.deploy_id, cfg.baseline_retention_days, lambda: self.cfg)
+        self.recorder = BaselineRecorder(self.store, cfg.environment, cfg.deploy_id, cfg.baseline_retention_days,
+                                         lambda: self.cfg)
         self.registry.register(self.recorder)
         self.guard_file = GuardFile(cfg.state_file)
-        self.control = ControlLoop(cfg, self._actuators(cfg), self.audit, self.dry_run, self.recorder.baseline,
-                                   self.guard_file.load())
+        self.control = ControlLoop(cfg, self._actuators(cfg), self.audit, dry_run or cfg.dry_run,
+                                   self.recorder.baseline, self.guard_file.load())
         self.restore_on_exit = restore_on_exit
         self.state_errors = 0
         self.stop_event = threading.Event()
         self.reload_requested = False
         self.server: MetricsServer | None = None
         self.shown = self._status(Interval(0.0, 0.0, {}), LoopView())   # until the first tick
+
+    @property
+    def dry_run(self) -> bool:
+        """Kept by the control loop, the one that acts on it."""
+        return self.control.dry_run
 
     def _history_len(self) -> int:
         return max(int(HISTORY_S / self.cfg.collect_interval_s), 10)
@@ -181,7 +187,7 @@ class Daemon:
         if dry_run != self.dry_run:
             log.warning("config reload: dry-run is now %s", "on: nothing will be pushed" if dry_run
                         else "off: decisions are pushed again")
-        self.dry_run = self.control.dry_run = dry_run
+        self.control.dry_run = dry_run
         self.recorder.environment, self.recorder.deploy_id = new.environment, new.deploy_id
         self.audit.reopen()
         self.recorder.retention_s = new.baseline_retention_days * 86400.0
