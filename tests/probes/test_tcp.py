@@ -1,9 +1,11 @@
 """TCP from the kernel's own tracepoints, through a shaped link: a client service
 in this namespace sends bulk data to a sink in a network namespace over a veth
 pair whose egress is TBF-shaped. Its RTT median rises as the queue predicts and
-agrees within 20 % with the srtt the client itself samples every 5 ms (TCP_INFO)
+agrees in distribution with the srtt the client itself samples every 5 ms (TCP_INFO)
 at the same time (both weigh time: the probe samples each connection at most
-every 10 ms, not per received segment); retransmits appear with a tiny queue and are 0 on a clean link
+every 10 ms, not per received segment; the sawtooth of a filling and dropping
+queue makes that distribution bimodal, ~20 ms and ~75 ms, so its median falls
+in the gap and swings between runs, and the check is on every decile and the mean); retransmits appear with a tiny queue and are 0 on a clean link
 (paced well below the veth's capacity: unpaced bulk over a veth on two busy
 CPUs drops in the backlog); connects
 are timed and counted. The BTF offsets the probe reads kernel fields at agree
@@ -66,14 +68,22 @@ def shape(dev, limit_bytes):
        "burst", "32kb", "limit", str(limit_bytes))
 
 
-def transfer(client, seconds, pause=0.0):
-    """One connection sending for `seconds`; the median of the client's own srtt,
-    sampled every 5 ms (seconds)."""
+def transfer(client, seconds, pause=0.0) -> list[float]:
+    """One connection sending for `seconds`; the client's own srtt, sampled every
+    5 ms, sorted (seconds)."""
     client.stdin.write(f"{seconds} {pause}\n")
     client.stdin.flush()
-    samples = sorted(json.loads(client.stdout.readline()))
+    samples = sorted(s / 1e6 for s in json.loads(client.stdout.readline()))
     assert samples, "the connection closed before its first sample"
-    return samples[len(samples) // 2] / 1e6
+    return samples
+
+
+def decile_gap(own: list[float], probe) -> float:
+    """The largest gap, over the deciles of the client's own samples, between the
+    share of them above the decile and the share of the probe's samples above it
+    (a Kolmogorov-Smirnov distance read at nine points)."""
+    deciles = [(p / 10, own[p * (len(own) - 1) // 10]) for p in range(1, 10)]
+    return max(abs(probe.fraction_above(value) - (1 - p)) for p, value in deciles)
 
 
 def test_rtt_retransmits_and_connects_through_a_shaped_link(kernel, spawn, tag, shaped_link):
@@ -94,19 +104,23 @@ def test_rtt_retransmits_and_connects_through_a_shaped_link(kernel, spawn, tag, 
     transfer(client, 0.3)
     tiny = collected(collector)["client"]
 
+    shaped_rtt = hist(shaped.histograms, ("tcp_rtt", "sink"))
     rtt_clean = hist(clean.histograms, ("tcp_rtt", "sink")).quantile(0.5)
-    rtt_shaped = hist(shaped.histograms, ("tcp_rtt", "sink")).quantile(0.5)
-    print(f"RTT p50 clean {rtt_clean * 1e3:.3f} ms (own {clean_own * 1e3:.3f}), "
-          f"shaped {rtt_shaped * 1e3:.2f} ms (own {own * 1e3:.2f}), "
+    rtt_shaped = shaped_rtt.quantile(0.5)
+    own_mean = sum(own) / len(own)
+    gap = decile_gap(own, shaped_rtt)
+    print(f"RTT p50 clean {rtt_clean * 1e3:.3f} ms (own {clean_own[len(clean_own) // 2] * 1e3:.3f}), "
+          f"shaped {rtt_shaped * 1e3:.2f} ms (own {own[len(own) // 2] * 1e3:.2f}), "
+          f"mean {shaped_rtt.mean() * 1e3:.1f} ms (own {own_mean * 1e3:.1f}), decile gap {gap:.3f}, "
           f"retransmits clean {clean.counters.get(('tcp_retransmits', 'sink'), 0)} "
           f"tiny {tiny.counters.get(('tcp_retransmits', 'sink'), 0)}")
     queue_s = LIMIT_B * 8 / RATE_BIT_S            # the longest the TBF queue can hold a packet
     assert rtt_shaped >= 10 * rtt_clean
     assert rtt_shaped <= 1.5 * queue_s
-    # Alone this reads -2 % to +11 % of the client's own clock; inside the whole suite it read
-    # +28 % and +52 % (2026-12-01, two CI runs; open, see docs/probes.md). The bound still
-    # catches the per-segment weighting it replaced, 3x the time median on this link.
-    assert abs(rtt_shaped - own) <= 0.6 * own
+    # 2026-12-01, 8 runs alone and under 3 busy loops: gap 0.045-0.118, mean +5..+14 %
+    # (a bucket's midpoint reads a little above the values in it).
+    assert gap <= 0.2
+    assert abs(shaped_rtt.mean() - own_mean) <= 0.25 * own_mean
     assert clean.counters.get(("tcp_retransmits", "sink"), 0) == 0
     assert tiny.counters.get(("tcp_retransmits", "sink"), 0) > 0
     for phase in (clean, shaped, tiny):           # one connection each, opened, timed, closed
