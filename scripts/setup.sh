@@ -25,7 +25,8 @@ fi
 
 # --- distro packages -------------------------------------------------------
 PACKAGES=(python3-bpfcc bpfcc-tools bpftool prometheus redis-server iproute2 iperf3
-          python3-venv python3-dev gcc make openssl procps systemd strace golang nginx-light)
+          python3-venv python3-dev gcc make openssl procps systemd strace golang nginx-light
+          libnginx-mod-http-echo haproxy prometheus-alertmanager wrk bpftrace)
 
 step "distro packages"
 missing=()
@@ -104,10 +105,10 @@ fi
 # repo on the path, so packages added later import without a reinstall.
 want=$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
-  step "pip install -e .[test,stack,report]"
+  step "pip install -e .[test,stack,report,otlp]"
   log="$VENV/pip-install.log"
   if ! { "$VENV/bin/python" -m pip install --upgrade pip \
-         && "$VENV/bin/python" -m pip install --config-settings editable_mode=compat -e "$ROOT[test,stack,report]"; } >"$log" 2>&1; then
+         && "$VENV/bin/python" -m pip install --config-settings editable_mode=compat -e "$ROOT[test,stack,report,otlp]"; } >"$log" 2>&1; then
     tail -n 30 "$log" >&2
     die "pip install failed; the whole log is in $log"
   fi
