@@ -17,7 +17,7 @@ from daemon.model.service import ServiceSpec
 
 DEFAULT_PATH = Path("/etc/slotune/slotune.toml")
 PROBE_FAMILIES = tuple(FAMILIES)     # every kernel probe family (daemon/collectors/kernel/families.py)
-ACTUATOR_KINDS = ("reference", "http-json", "file")
+ACTUATOR_KINDS = ("reference", "http-json", "file", "haproxy", "nginx", "envoy", "triton", "sglang", "litellm")
 BASELINE_SOURCES = ("local", "prometheus")
 
 
@@ -41,9 +41,15 @@ class Control:
     url: str = ""
     token_file: str = ""
     method: str = "PATCH"
-    path: str = ""          # file actuator: the settings file
+    path: str = ""          # file actuator: the settings file; nginx: the include file slotune owns
     pid_file: str = ""      # file actuator: process to signal after a write
     signal: str = ""
+    address: str = ""       # haproxy: its stats socket, a Unix socket path or HOST:PORT
+    conf: str = ""          # nginx: the main config file (validated with `nginx -t -c`)
+    binary: str = "/usr/sbin/nginx"   # nginx: the executable that validates and reloads
+    model: str = ""         # triton: the model whose config is loaded with the changes
+    key_file: str = ""      # litellm: a file holding the virtual key whose limits are tuned
+    targets: dict[str, str] = field(default_factory=dict)   # setting -> what it is on the service
 
 
 @dataclass(frozen=True)
@@ -165,6 +171,10 @@ def _service(file: Path, name: str, r: _Reader, default_tune_s: float) -> Servic
         user=r.table.pop("user", None),
         latency_metric=r.get("latency_metric", str, ""),
         slo_p99_s=r.get("slo_p99_ms", float, 500.0, lo=0.1, hi=600_000.0) / 1000.0,
+        slo_ttft_p99_s=r.get("slo_ttft_p99_ms", float, 0.0, lo=0.1, hi=600_000.0) / 1000.0,
+        slo_tpot_p99_s=r.get("slo_tpot_p99_ms", float, 0.0, lo=0.1, hi=600_000.0) / 1000.0,
+        ttft_metric=r.get("ttft_metric", str, ""),
+        tpot_metric=r.get("tpot_metric", str, ""),
         peers=_peers(file, r.table_of("peers")),
     )
     if not any((spec.systemd_unit, spec.cgroup, spec.cmdline, spec.port, spec.user is not None)):
@@ -173,8 +183,9 @@ def _service(file: Path, name: str, r: _Reader, default_tune_s: float) -> Servic
         spec.uid()
     except ValueError as exc:
         raise ConfigError(file, r.key("user"), str(exc)) from None
-    if spec.latency_metric and not metrics_url:
-        raise ConfigError(file, r.key("latency_metric"), "needs metrics_url to read it from")
+    for key in ("latency_metric", "ttft_metric", "tpot_metric"):
+        if getattr(spec, key) and not metrics_url:
+            raise ConfigError(file, r.key(key), "needs metrics_url to read it from")
     downstream = tuple(r.get("downstream", list, []))
     for dep in downstream:
         if not isinstance(dep, str):
@@ -202,15 +213,43 @@ def _control(file, r: _Reader) -> Control:
     control = Control(kind=kind, url=r.get("url", str, ""), token_file=r.get("token_file", str, ""),
                       method=r.get("method", str, "PATCH", choices=("PATCH", "POST", "PUT")),
                       path=r.get("path", str, ""), pid_file=r.get("pid_file", str, ""),
-                      signal=r.get("signal", str, ""))
-    if kind in ("reference", "http-json") and not control.url.startswith(("http://", "https://")):
+                      signal=r.get("signal", str, ""), address=r.get("address", str, ""),
+                      conf=r.get("conf", str, ""), binary=r.get("binary", str, Control.binary, nonempty=True),
+                      model=r.get("model", str, ""), key_file=r.get("key_file", str, ""),
+                      targets=_targets(file, kind, r.table_of("targets")))
+    if kind in URL_KINDS and not control.url.startswith(("http://", "https://")):
         raise ConfigError(file, r.key("url"), f"the {kind} actuator needs an http(s) URL")
-    if kind == "file" and not control.path:
-        raise ConfigError(file, r.key("path"), "the file actuator needs the settings file path")
+    for key, why in NEEDS.get(kind, {}).items():
+        if not getattr(control, key):
+            raise ConfigError(file, r.key(key), f"missing: the {kind} actuator needs {why}")
     if control.signal and signal_number(control.signal) is None:
         raise ConfigError(file, r.key("signal"), f"unknown signal {control.signal!r}; use e.g. HUP or USR1")
     r.done()
     return control
+
+
+URL_KINDS = ("reference", "http-json", "envoy", "triton", "sglang", "litellm")
+NEEDS = {   # actuator kind -> the [control] keys it cannot go without, and what each is
+    "file": {"path": "the settings file path"},
+    "haproxy": {"address": "the stats socket (a Unix path or HOST:PORT, at level admin)",
+                "targets": 'a [control.targets] table, e.g. concurrency_limit = "maxconn server BACKEND/SERVER"'},
+    "nginx": {"path": "the include file slotune owns", "conf": "the main nginx.conf that includes it",
+              "targets": 'a [control.targets] table, e.g. concurrency_limit = "limit_conn perserver {}"'},
+    "triton": {"model": "the model's name in Triton's repository"},
+    "litellm": {"key_file": "the file that holds the virtual key (sk-...) whose limits are tuned"},
+}
+
+
+def _targets(file, kind: str, r: _Reader) -> dict[str, str]:
+    """[control.targets]: setting -> the name or command it has on the service, checked by its actuator."""
+    from daemon.control.actuators import target_error   # here: the actuators import this module
+    out = {}
+    for setting in list(r.table):
+        target = r.get(setting, str, nonempty=True)
+        if (why := target_error(kind, target)) is not None:
+            raise ConfigError(file, r.key(setting), why)
+        out[setting] = target
+    return out
 
 
 def _tuners(file, svc: _Reader, default_tune_s: float, control: Control | None,

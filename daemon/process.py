@@ -218,8 +218,7 @@ class Daemon:
             by_service[s.service].append(s)
         built = []
         for svc in self.cfg.services:
-            w = window.build(svc.name, svc.spec.slo_p99_s, start, end, by_service.get(svc.name, []),
-                             svc.spec.latency_metric)
+            w = window.build(svc.spec, start, end, by_service.get(svc.name, []))
             self.history[svc.name].append(w)
             built.append(w)
         names = [s.name for s in self.cfg.services]
@@ -273,6 +272,10 @@ class Daemon:
                 "slo_p99_s": svc.spec.slo_p99_s,
                 "p50_s": _finite(w.p(0.5)) if w else None,
                 "p99_s": _finite(w.p(0.99)) if w else None,
+                "slo_ttft_p99_s": svc.spec.slo_ttft_p99_s or None,
+                "slo_tpot_p99_s": svc.spec.slo_tpot_p99_s or None,
+                "ttft_p99_s": _finite(w.ttft.quantile(0.99)) if w and w.ttft is not None and w.ttft.count else None,
+                "tpot_p99_s": _finite(w.tpot.quantile(0.99)) if w and w.tpot is not None and w.tpot.count else None,
                 "rate_rps": w.rate if w else 0.0,
                 "errors": w.errors if w else 0.0,
                 "latency_source": w.latency_source if w else "",

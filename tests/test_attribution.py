@@ -11,6 +11,7 @@ from daemon.attribution import explain as attribution
 from daemon.attribution.explain import explain
 from daemon.model.sample import Sample
 from daemon.model.histogram import BucketHistogram, Histogram
+from daemon.model.service import ServiceSpec
 from daemon.model.window import Window, build
 
 BOUNDS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, math.inf)
@@ -120,8 +121,8 @@ def test_an_ebpf_only_service_is_explained_from_kernel_request_timing():
         s.histograms[("http_request", "")] = Histogram.from_values(fast + [slow_ms * 1e6] * 5)
         s.histograms[("runqueue_wait", "")] = per_event(runqueue_s)
         return s
-    ws = [build("svc", 0.5, t, t + 1, [sample(t, 16, 0.002)]) for t in range(20)]
-    ws += [build("svc", 0.5, t, t + 1, [sample(t, 150, 5.0)]) for t in (20, 21)]
+    ws = [build(ServiceSpec("svc", slo_p99_s=0.5), t, t + 1, [sample(t, 16, 0.002)]) for t in range(20)]
+    ws += [build(ServiceSpec("svc", slo_p99_s=0.5), t, t + 1, [sample(t, 150, 5.0)]) for t in (20, 21)]
     assert ws[-1].latency_source == "ebpf"
     e = explain("svc", {"svc": ws})
     assert e.top_cause == "runqueue_wait"

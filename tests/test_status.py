@@ -18,3 +18,13 @@ def test_the_table_flags_slo_misses_names_the_top_cause_and_a_down_control_api()
     assert "200 " in inference and "no dominant cause" in inference and "(control API down)" in inference
     assert "(dry-run: nothing pushed)" in table
     assert "gateway.concurrency_limit 40 -> 32 [pushed] queue P99 over budget" in table
+
+
+def test_token_objectives_show_only_where_a_service_declares_them():
+    llm = {**service(4.0), "slo_p99_s": 30.0, "slo_ttft_p99_s": 0.5, "ttft_p99_s": 0.8,
+           "slo_tpot_p99_s": 0.05, "tpot_p99_s": 0.03}
+    table = render({"services": {"inference": llm, "gateway": service(0.2)}, "decisions": []})
+    assert "TTFT/TPOT P99/SLO ms" in table
+    inference = next(line for line in table.splitlines() if line.startswith("inference"))
+    assert "TTFT 800!/500 TPOT 30/50" in inference
+    assert "TTFT" not in render({"services": {"gateway": service(0.2)}, "decisions": []})

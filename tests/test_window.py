@@ -5,7 +5,10 @@ import numpy as np
 from daemon.model.sample import Sample
 from daemon.collectors.service_metrics import parse
 from daemon.model.histogram import Histogram
-from daemon.model.window import Window, build, merged_latency
+from daemon.model.service import ServiceSpec
+from daemon.model.window import EBPF_TPOT, EBPF_TTFT, Window, build, merged_latency
+
+API = ServiceSpec("api", metrics_url="http://127.0.0.1:1/metrics", latency_metric="api_request_duration_seconds")
 
 EXPOSITION = """# TYPE api_request_duration_seconds histogram
 api_request_duration_seconds_bucket{outcome="ok",le="0.1"} 8
@@ -36,21 +39,21 @@ def ebpf_sample(values_ns):
 
 
 def test_the_services_own_histogram_wins_and_outcomes_are_counted():
-    w = build("api", 0.5, 0.0, 1.0, [service_sample(), ebpf_sample([1e6] * 3)], "api_request_duration_seconds")
+    w = build(API, 0.0, 1.0, [service_sample(), ebpf_sample([1e6] * 3)])
     assert w.latency_source == "service"
     assert w.requests == 11 and w.errors == 1 and w.rejected == 4      # rejected ones are not "served"
     assert 0.1 < w.p(0.99) <= 1.0
 
 
 def test_without_its_own_histogram_a_service_gets_ebpf_latency():
-    w = build("api", 0.5, 0.0, 1.0, [ebpf_sample([20e6] * 10)], "")
+    w = build(ServiceSpec("api"), 0.0, 1.0, [ebpf_sample([20e6] * 10)])
     assert w.latency_source == "ebpf" and w.requests == 10
     assert abs(w.p(0.5) - 0.02) < 0.002
 
 
 def test_merging_mixed_sources_keeps_the_latest_source_only():
-    service = build("api", 0.5, 0.0, 1.0, [service_sample()], "api_request_duration_seconds")
-    ebpf = build("api", 0.5, 1.0, 2.0, [ebpf_sample([20e6] * 5)], "api_request_duration_seconds")
+    service = build(API, 0.0, 1.0, [service_sample()])
+    ebpf = build(API, 1.0, 2.0, [ebpf_sample([20e6] * 5)])
     merged = merged_latency([service, ebpf, service])
     assert merged.count == 22                                           # the two service windows
     assert merged_latency([service, ebpf]).count == 5                   # the eBPF one, the latest
@@ -62,3 +65,29 @@ def test_goodput_counts_answers_within_the_slo_without_errors():
     w = Window("api", 0.0, 2.0, 0.5, latency=Histogram.from_values(values), errors=5)
     assert abs(w.slo_miss_ratio - 0.10) < 0.01
     assert abs(w.goodput - (100 * 0.9 - 5) / 2.0) < 0.5
+
+
+def test_goodput_counts_only_requests_that_met_every_declared_token_objective():
+    ms = 1e6
+    e2e = Histogram.from_values(np.full(100, 2000 * ms))                              # all within 5 s
+    ttft = Histogram.from_values(np.r_[np.full(80, 100 * ms), np.full(20, 900 * ms)])  # 20 % over 500 ms
+    tpot = Histogram.from_values(np.r_[np.full(950, 20 * ms), np.full(50, 120 * ms)])  # 5 % of gaps over 50 ms
+    w = Window("llm", 0.0, 1.0, 5.0, latency=e2e, ttft=ttft, tpot=tpot, slo_ttft_s=0.5, slo_tpot_s=0.05)
+    assert abs(w.ttft_miss_ratio - 0.20) < 0.01 and abs(w.tpot_miss_ratio - 0.05) < 0.01
+    assert abs(w.goodput - 75) < 1.5                                   # 100 x (1 - 0.20 - 0.05)
+    undeclared = Window("llm", 0.0, 1.0, 5.0, latency=e2e, ttft=ttft, tpot=tpot)
+    assert undeclared.goodput == 100                                   # timings kept, nothing declared
+
+
+def test_token_timing_comes_from_the_services_own_histograms_else_the_kernel():
+    own = Sample("llm", "service_metrics", 0.0, 1.0, histograms={
+        ("llm_ttft_seconds", 'model="a"'): Histogram.from_values([100e6] * 3),
+        ("llm_ttft_seconds", 'model="b"'): Histogram.from_values([200e6] * 2)})
+    kernel = Sample("llm", "kernel", 0.0, 1.0, histograms={
+        EBPF_TTFT: Histogram.from_values([300e6] * 7), EBPF_TPOT: Histogram.from_values([10e6] * 40)})
+    spec = ServiceSpec("llm", metrics_url="http://127.0.0.1:1/metrics", ttft_metric="llm_ttft_seconds",
+                       slo_ttft_p99_s=0.5, slo_tpot_p99_s=0.05)
+    w = build(spec, 0.0, 1.0, [own, kernel])
+    assert w.ttft.count == 5 and w.tpot.count == 40                    # its own TTFT, the kernel's gaps
+    assert (w.slo_ttft_s, w.slo_tpot_s) == (0.5, 0.05)
+    assert build(ServiceSpec("llm"), 0.0, 1.0, [kernel]).ttft.count == 7

@@ -47,7 +47,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from daemon.attribution import causes
-from daemon.model.window import EBPF_LATENCY, Window, merged_latency
+from daemon.model.window import EBPF_LATENCY, Window, merged_latency, merged_tokens
 
 DOMINANT_SHARE = 0.2     # a cause above this share of the growth is named
 TAIL_GAIN = 10.0         # most the tail may exceed the sum of the causes' mean rises: behind a
@@ -126,7 +126,8 @@ def merge(windows: Sequence[Window]) -> Window:
             gauges.setdefault(key, []).append(v)
     return Window(first.service, first.start, last.end, last.slo_p99_s, merged_latency(list(windows)),
                   last.latency_source, sum(w.errors for w in windows), sum(w.rejected for w in windows),
-                  histograms, counters, {k: float(np.mean(v)) for k, v in gauges.items()})
+                  histograms, counters, {k: float(np.mean(v)) for k, v in gauges.items()}, last.slo_ttft_s,
+                  last.slo_tpot_s, merged_tokens(list(windows), "ttft"), merged_tokens(list(windows), "tpot"))
 
 
 def timing_source(windows: Sequence[Window]) -> str:

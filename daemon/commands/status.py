@@ -1,5 +1,5 @@
-"""`slotune status`: the running daemon's per-service table (P99 vs SLO, top
-cause, settings, last decisions), refreshed in place in a terminal."""
+"""`slotune status`: the running daemon's per-service table (P99 vs SLO, TTFT
+and TPOT vs theirs where declared, top cause, settings, last decisions), refreshed in place in a terminal."""
 from __future__ import annotations
 
 import json
@@ -30,10 +30,27 @@ def _ms(v) -> str:
     return "-" if v is None else f"{v * 1e3:.0f}"
 
 
+def _over(value, objective) -> str:
+    return "!" if value is not None and objective and value > objective else " "
+
+
+def _tokens(s: dict) -> str:
+    """TTFT and TPOT P99 against their objectives, for a service that declares them."""
+    out = []
+    for what in ("ttft", "tpot"):
+        objective = s.get(f"slo_{what}_p99_s")
+        if objective:
+            value = s.get(f"{what}_p99_s")
+            out.append(f"{what.upper()} {_ms(value)}{_over(value, objective).strip()}/{objective * 1e3:.0f}")
+    return " ".join(out)
+
+
 def render(status: dict) -> str:
-    rows = [f"{'service':<12} {'P50 ms':>7} {'P99 ms':>7} {'SLO ms':>7} {'req/s':>7}  {'top cause':<28} settings"]
+    tokens = any(s.get("slo_ttft_p99_s") or s.get("slo_tpot_p99_s") for s in status["services"].values())
+    token_head = f" {'TTFT/TPOT P99/SLO ms':<24}" if tokens else ""
+    rows = [f"{'service':<12} {'P50 ms':>7} {'P99 ms':>7} {'SLO ms':>7} {'req/s':>7}{token_head}  {'top cause':<28} settings"]
     for name, s in status["services"].items():
-        flag = "!" if s["p99_s"] is not None and s["p99_s"] > s["slo_p99_s"] else " "
+        flag = _over(s["p99_s"], s["slo_p99_s"])
         attribution = s.get("attribution") or {}
         top = attribution.get("top_cause")
         cause = f"{top} {attribution['shares'][top]:.0%}" if top else ("no dominant cause" if attribution else "-")
@@ -41,7 +58,7 @@ def render(status: dict) -> str:
         if not s["control_reachable"]:
             settings += " (control API down)"
         rows.append(f"{name:<12} {_ms(s['p50_s']):>7} {_ms(s['p99_s']):>6}{flag} {s['slo_p99_s'] * 1e3:>7.0f} "
-                    f"{s['rate_rps']:>7.1f}  {cause[:28]:<28} {settings}")
+                    f"{s['rate_rps']:>7.1f}{f' {_tokens(s):<24}' if tokens else ''}  {cause[:28]:<28} {settings}")
     mode = " (dry-run: nothing pushed)" if status.get("dry_run") else ""
     rows.append(f"\nlast decisions{mode}:")
     for d in status["decisions"][-6:]:

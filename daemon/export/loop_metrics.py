@@ -1,6 +1,6 @@
 """The control loop's view for Prometheus, built at scrape time from the last
-tick: per-service latency vs SLO and SLO-miss counters (for burn-rate
-alerts), settings, decisions and rollbacks, attribution shares and drift.
+tick: per-service latency (and TTFT/TPOT) vs SLO and SLO-miss counters (for
+burn-rate alerts), settings, decisions and rollbacks, attribution shares and drift.
 (Collector and probe health come from daemon.export.samples.SampleExporter.)"""
 from __future__ import annotations
 
@@ -39,6 +39,8 @@ class LoopMetrics:
         self.requests: Counter = Counter()
         self.errors: Counter = Counter()
         self.slo_misses: Counter = Counter()
+        self.ttft_misses: Counter = Counter()
+        self.tpot_misses: Counter = Counter()
         self.decisions: Counter = Counter()
         self.view = LoopView()
 
@@ -53,6 +55,10 @@ class LoopMetrics:
                 self.requests[w.service] += w.requests
                 self.errors[w.service] += w.errors
                 self.slo_misses[w.service] += w.requests * w.slo_miss_ratio
+                if w.slo_ttft_s:
+                    self.ttft_misses[w.service] += w.requests * w.ttft_miss_ratio
+                if w.slo_tpot_s:
+                    self.tpot_misses[w.service] += w.requests * w.tpot_miss_ratio
             for e in entries:
                 self.decisions[(e.service, e.tuner, e.setting, e.outcome.label)] += 1
             self.view = view
@@ -60,9 +66,30 @@ class LoopMetrics:
     def collect(self):
         with self._lock:
             latest, view = dict(self.latest), self.view
-            counters = [Counter(c) for c in (self.requests, self.errors, self.slo_misses)]
+            counters = [Counter(c) for c in (self.requests, self.errors, self.slo_misses,
+                                             self.ttft_misses, self.tpot_misses)]
             decisions = Counter(self.decisions)
         yield from _families(latest, counters, decisions, view)
+
+
+def _token_families(latest: dict[str, Window]):
+    """Time to first token and time per output token against their objectives, for the
+    services that stream tokens."""
+    for what, attr, text in (("ttft", "ttft", "time to first token"), ("tpot", "tpot", "time per output token")):
+        q = GaugeMetricFamily(f"slotune_service_{what}_seconds", f"The service's {text}, quantile over the last window",
+                              labels=["service", "quantile"])
+        slo = GaugeMetricFamily(f"slotune_service_{what}_slo_seconds", f"The service's P99 objective for {text}",
+                                labels=["service"])
+        for name, w in latest.items():
+            hist, objective = getattr(w, attr), getattr(w, f"slo_{what}_s")
+            if objective:
+                slo.add_metric([name], objective)
+            for quantile in QUANTILES if hist is not None and hist.count else ():
+                v = hist.quantile(quantile)
+                if math.isfinite(v):
+                    q.add_metric([name, str(quantile)], v)
+        yield q
+        yield slo
 
 
 def _families(latest, counters, decisions, view: LoopView):
@@ -77,11 +104,15 @@ def _families(latest, counters, decisions, view: LoopView):
                 lat.add_metric([name, str(q)], v)
     yield lat
     yield slo
-    requests, errors, slo_misses = counters
+    yield from _token_families(latest)
+    requests, errors, slo_misses, ttft_misses, tpot_misses = counters
     for metric, counter, text in (
             ("slotune_service_requests", requests, "Requests the service answered"),
             ("slotune_service_errors", errors, "Requests that ended in an error"),
-            ("slotune_service_slo_misses", slo_misses, "Requests slower than the P99 objective")):
+            ("slotune_service_slo_misses", slo_misses, "Requests slower than the P99 objective"),
+            ("slotune_service_ttft_slo_misses", ttft_misses, "Requests whose first token came later than the TTFT objective"),
+            ("slotune_service_tpot_slo_misses", tpot_misses,
+             "Requests slower per output token than the TPOT objective (the share of slow gaps between tokens)")):
         fam = CounterMetricFamily(metric, text, labels=["service"])
         for name, v in counter.items():
             fam.add_metric([name], v)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Mapping
 
-from daemon.model.window import Window, merged_latency
+from daemon.model.window import Window, merged_latency, merged_tokens
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,16 @@ class Span:
     def latency(self):
         """The windows' request latency merged (see merged_latency), or None."""
         return merged_latency(list(self.windows))
+
+    @cached_property
+    def ttft(self):
+        """Time to first token over the windows merged, or None (a service that does not stream)."""
+        return merged_tokens(list(self.windows), "ttft")
+
+    @cached_property
+    def tpot(self):
+        """Gaps between output tokens over the windows merged, or None."""
+        return merged_tokens(list(self.windows), "tpot")
 
     @cached_property
     def seconds(self) -> float:

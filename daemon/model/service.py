@@ -24,6 +24,13 @@ class ServiceSpec:
     metrics_url: str = ""                # its own Prometheus /metrics, when it has one
     latency_metric: str = ""             # its e2e latency histogram family in metrics_url
     slo_p99_s: float = 0.5
+    # Token-level objectives of a service that streams tokens (0: not declared): time to
+    # the first token and time per output token, each at P99, and where the service's own
+    # metrics time them (histogram families in metrics_url; else the kernel's http timing).
+    slo_ttft_p99_s: float = 0.0
+    slo_tpot_p99_s: float = 0.0
+    ttft_metric: str = ""
+    tpot_metric: str = ""
     # Remote ports that name peers, e.g. {8000: "inference"}; others count as "other".
     peers: dict[int, str] = field(default_factory=dict)
 

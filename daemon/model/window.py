@@ -1,7 +1,9 @@
 """One time-aligned record per service per collection interval: every
 collector's Sample for that service merged, plus the service's end-to-end
-latency taken from its own histogram when configured, else from eBPF.
-A Window is built once and never changed after: later stages share it."""
+latency taken from its own histogram when configured, else from eBPF, and
+for a service that streams tokens its time to first token (TTFT) and time per
+output token (TPOT) the same way. A Window is built once and never changed
+after: later stages share it."""
 from __future__ import annotations
 
 import math
@@ -10,8 +12,11 @@ from dataclasses import dataclass, field
 from daemon.model import labels
 from daemon.model.histogram import BucketHistogram, Histogram
 from daemon.model.sample import Key, Sample
+from daemon.model.service import ServiceSpec
 
 EBPF_LATENCY: Key = ("http_request", "")
+EBPF_TTFT: Key = ("http_first_byte", "")     # request to the response's first byte: TTFT when it streams
+EBPF_TPOT: Key = ("http_write_gap", "")      # between the writes of one response: the inter-token gap
 ERROR_OUTCOMES = ("error",)
 REJECTED_OUTCOMES = ("rejected",)
 
@@ -29,6 +34,10 @@ class Window:
     histograms: dict[Key, Histogram | BucketHistogram] = field(default_factory=dict)
     counters: dict[Key, float] = field(default_factory=dict)
     gauges: dict[Key, float] = field(default_factory=dict)
+    slo_ttft_s: float = 0.0           # the token objectives, 0 when not declared
+    slo_tpot_s: float = 0.0
+    ttft: Histogram | BucketHistogram | None = None   # one value per request
+    tpot: Histogram | BucketHistogram | None = None   # one value per gap between two tokens
 
     @property
     def seconds(self) -> float:
@@ -50,16 +59,43 @@ class Window:
         return self.latency.fraction_above(self.slo_p99_s) if self.latency is not None else 0.0
 
     @property
+    def ttft_miss_ratio(self) -> float:
+        """Share of requests whose first token came later than the TTFT objective."""
+        return _miss(self.ttft, self.slo_ttft_s)
+
+    @property
+    def tpot_miss_ratio(self) -> float:
+        """Share of gaps between tokens longer than the TPOT objective (read as the share
+        of requests that missed it: a histogram keeps no request's gaps together)."""
+        return _miss(self.tpot, self.slo_tpot_s)
+
+    @property
     def goodput(self) -> float:
-        """Requests per second that answered within the SLO and without error."""
-        good = self.requests * (1.0 - self.slo_miss_ratio) - self.errors
+        """Requests per second that met every objective the service declares, without
+        error (DistServe's goodput). The shares that missed each objective are added: a
+        request can miss several, so this is the least the goodput can be."""
+        missed = min(self.slo_miss_ratio + self.ttft_miss_ratio + self.tpot_miss_ratio, 1.0)
+        good = self.requests * (1.0 - missed) - self.errors
         return max(good, 0.0) / self.seconds
 
 
+def _miss(hist, objective_s: float) -> float:
+    return hist.fraction_above(objective_s) if objective_s > 0 and hist is not None and hist.count else 0.0
 
-def build(service: str, slo_p99_s: float, start: float, end: float, samples: list[Sample],
-          latency_metric: str = "") -> Window:
+
+def _family(histograms: dict, name: str):
+    """Every series of one histogram family merged (its labels summed away), or None."""
+    found = None
+    for (fam, _), h in histograms.items():
+        if fam == name:
+            found = h if found is None else found.plus(h)
+    return found
+
+
+
+def build(spec: ServiceSpec, start: float, end: float, samples: list[Sample]) -> Window:
     """Merge one service's samples for one interval into a Window."""
+    latency_metric = spec.latency_metric
     histograms: dict[Key, Histogram | BucketHistogram] = {}
     counters: dict[Key, float] = {}
     gauges: dict[Key, float] = {}
@@ -80,7 +116,10 @@ def build(service: str, slo_p99_s: float, start: float, end: float, samples: lis
         rejected = sum(h.count for outcome, h in by_outcome if outcome in REJECTED_OUTCOMES)
     if latency is None and EBPF_LATENCY in histograms:
         latency, source = histograms[EBPF_LATENCY], "ebpf"
-    return Window(service, start, end, slo_p99_s, latency, source, errors, rejected, histograms, counters, gauges)
+    ttft = (_family(histograms, spec.ttft_metric) if spec.ttft_metric else None) or histograms.get(EBPF_TTFT)
+    tpot = (_family(histograms, spec.tpot_metric) if spec.tpot_metric else None) or histograms.get(EBPF_TPOT)
+    return Window(spec.name, start, end, spec.slo_p99_s, latency, source, errors, rejected, histograms, counters,
+                  gauges, spec.slo_ttft_p99_s, spec.slo_tpot_p99_s, ttft, tpot)
 
 
 def merged_latency(windows: list[Window]) -> Histogram | BucketHistogram | None:
@@ -92,4 +131,14 @@ def merged_latency(windows: list[Window]) -> Histogram | BucketHistogram | None:
     for w in windows:
         if w.latency is not None and w.latency_source == source:
             merged = w.latency if merged is None else merged.plus(w.latency)
+    return merged
+
+
+def merged_tokens(windows: list[Window], which: str) -> Histogram | BucketHistogram | None:
+    """The windows' "ttft" or "tpot" histograms together, or None."""
+    merged = None
+    for w in windows:
+        h = getattr(w, which)
+        if h is not None:
+            merged = h if merged is None else merged.plus(h)
     return merged
