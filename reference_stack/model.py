@@ -2,8 +2,10 @@
 
 Weights come from a fixed seed, so the text is meaningless, but the compute is
 the real shape of LLM inference: a batched prefill over padded prompts, then
-one decode step per new token that attends over the cached keys and values.
-Runs on CUDA when present, CPU otherwise (the same code).
+one decode step per new token that attends over the cached keys and values;
+or, for continuous batching, one step over a ragged batch (each sequence its
+own cache and its own number of new tokens). Runs on CUDA when present, CPU
+otherwise (the same code).
 """
 from __future__ import annotations
 
@@ -61,8 +63,29 @@ class Block(nn.Module):
             k = torch.cat([cache[0], k], dim=2)
             v = torch.cat([cache[1], v], dim=2)
         att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
-        return x + self.mlp(self.ln2(x)), (k, v)
+        return self._mix(x, att.transpose(1, 2).reshape(b, t, d)), (k, v)
+
+    def forward_ragged(self, x, lengths, caches):
+        """x: [N, D], the new tokens of every sequence one after another (lengths[i] of sequence i);
+        caches[i]: (k, v) of [H, S_i, Dh] or None. Each token attends over its own sequence only."""
+        d = x.shape[1]
+        heads = lambda z, t: z.view(t, self.n_heads, d // self.n_heads).transpose(0, 1)
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        outs, new_caches = [], []
+        for qi, ki, vi, cache, t in zip(q.split(lengths), k.split(lengths), v.split(lengths), caches, lengths):
+            qi, ki, vi = heads(qi, t), heads(ki, t), heads(vi, t)
+            if cache is not None:
+                ki, vi = torch.cat([cache[0], ki], dim=1), torch.cat([cache[1], vi], dim=1)
+            s = ki.shape[1]
+            mask = None if t == 1 else torch.ones(t, s, dtype=torch.bool, device=x.device).tril(diagonal=s - t)
+            outs.append(F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask).transpose(0, 1).reshape(t, d))
+            new_caches.append((ki, vi))
+        return self._mix(x, torch.cat(outs)), new_caches
+
+    def _mix(self, x, att):
+        """The residual projection of the attention output, then the MLP."""
+        x = x + self.proj(att)
+        return x + self.mlp(self.ln2(x))
 
 
 class Decoder(nn.Module):
@@ -82,6 +105,25 @@ class Decoder(nn.Module):
             x, kv = block(x, cache, mask)
             new_caches.append(kv)
         return self.head(self.ln(x[:, -1])), new_caches
+
+    def step_ragged(self, chunks: list[torch.Tensor], caches: list[list | None]):
+        """One step of a continuous batch: chunks[i] holds the new token ids (1-D) of sequence i, whose
+        earlier tokens' keys and values are caches[i] (one (k, v) of [H, S_i, Dh] per layer; None when
+        it has none). The token-wise layers run over all new tokens at once, attention per sequence.
+        Returns the logits after each chunk's last token [B, VOCAB] and each sequence's caches."""
+        lengths = [len(c) for c in chunks]
+        starts = [0 if c is None else c[0][0].shape[1] for c in caches]
+        ids = torch.cat(chunks)
+        positions = torch.cat([torch.arange(s, s + t, device=ids.device) for s, t in zip(starts, lengths)])
+        x = self.tok(ids) + self.pos(positions)
+        per_seq = [c or [None] * len(self.blocks) for c in caches]
+        new_caches: list[list] = [[] for _ in chunks]
+        for layer, block in enumerate(self.blocks):
+            x, kvs = block.forward_ragged(x, lengths, [c[layer] for c in per_seq])
+            for out, kv in zip(new_caches, kvs):
+                out.append(kv)
+        last = torch.tensor(lengths, device=ids.device).cumsum(0) - 1
+        return self.head(self.ln(x[last])), new_caches
 
 
 class Generator:
