@@ -171,10 +171,6 @@ def _service(file: Path, name: str, r: _Reader, default_tune_s: float) -> Servic
         user=r.table.pop("user", None),
         latency_metric=r.get("latency_metric", str, ""),
         slo_p99_s=r.get("slo_p99_ms", float, 500.0, lo=0.1, hi=600_000.0) / 1000.0,
-        slo_ttft_p99_s=r.get("slo_ttft_p99_ms", float, 0.0, lo=0.1, hi=600_000.0) / 1000.0,
-        slo_tpot_p99_s=r.get("slo_tpot_p99_ms", float, 0.0, lo=0.1, hi=600_000.0) / 1000.0,
-        ttft_metric=r.get("ttft_metric", str, ""),
-        tpot_metric=r.get("tpot_metric", str, ""),
         peers=_peers(file, r.table_of("peers")),
     )
     if not any((spec.systemd_unit, spec.cgroup, spec.cmdline, spec.port, spec.user is not None)):
@@ -183,9 +179,8 @@ def _service(file: Path, name: str, r: _Reader, default_tune_s: float) -> Servic
         spec.uid()
     except ValueError as exc:
         raise ConfigError(file, r.key("user"), str(exc)) from None
-    for key in ("latency_metric", "ttft_metric", "tpot_metric"):
-        if getattr(spec, key) and not metrics_url:
-            raise ConfigError(file, r.key(key), "needs metrics_url to read it from")
+    if spec.latency_metric and not metrics_url:
+        raise ConfigError(file, r.key("latency_metric"), "needs metrics_url to read it from")
     downstream = tuple(r.get("downstream", list, []))
     for dep in downstream:
         if not isinstance(dep, str):

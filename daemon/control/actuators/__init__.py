@@ -3,6 +3,7 @@ Each reads the current values and pushes a change as one all-or-nothing call;
 failures raise ActuatorError so the control loop can back off and retry."""
 from __future__ import annotations
 
+import importlib
 import math
 from typing import Callable, Protocol
 
@@ -29,8 +30,33 @@ def for_control(control: Control, owns: Callable[[int], bool] | None = None) -> 
     from daemon.control.actuators.http_json import HttpJsonActuator
     if control.kind == "file":
         return FileActuator(control.path, control.pid_file, control.signal, owns)
+    if control.kind in SURFACES:
+        return _surface(control.kind).from_control(control)
     return HttpJsonActuator(control.url, control.token_file, control.method,
                             settings_key="settings" if control.kind == "reference" else "")
+
+
+# the kinds with a module of that name here, which has from_control(Control) and target_error(target)
+SURFACES = ("haproxy", "nginx", "envoy", "triton", "sglang", "litellm")
+
+
+def _surface(kind: str):
+    return importlib.import_module(f"daemon.control.actuators.{kind}")
+
+
+def target_error(kind: str, target: str) -> str | None:
+    """Why target cannot be what a setting is on a service of this actuator kind, or None."""
+    if kind not in SURFACES:
+        return f"the {kind} actuator takes no [control.targets] table"
+    return _surface(kind).target_error(target)
+
+
+def read_back(pushed: dict[str, float], in_force: dict[str, float], where: str) -> None:
+    """ActuatorError unless every pushed value is the one the service now reports."""
+    wrong = [f"{k} = {in_force.get(k, 'nothing')} (pushed {plain(v)})" for k, v in pushed.items()
+             if k not in in_force or not math.isclose(in_force[k], v, rel_tol=1e-9, abs_tol=1e-9)]
+    if wrong:
+        raise ActuatorError(f"{where} read back {', '.join(wrong)}", unreachable=False)
 
 
 def numeric_settings(settings: object, where: str) -> dict[str, float]:

@@ -23,46 +23,51 @@ class HttpJsonActuator:
         self.url, self.token_file, self.method = url, token_file, method
         self.settings_key, self.timeout_s = settings_key, timeout_s
 
-    def _request(self, method: str, body: dict | None = None):
-        headers = {"Content-Type": "application/json"}
-        token = read_token(self.token_file) if self.token_file else ""
-        if token:
-            headers["Authorization"] = "Bearer " + token
-        data = json.dumps(body).encode() if body is not None else None
-        try:
-            status, location, answer = self._exchange(method, data, headers)
-        except TimeoutError:
-            raise ActuatorError(f"{method} {self.url}: no complete answer within {self.timeout_s:g} s") from None
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            raise ActuatorError(f"{method} {self.url}: {_printable(str(exc) or type(exc).__name__, token)}") from None
-        if 300 <= status < 400:
-            raise ActuatorError(f"{method} {self.url}: HTTP {status}, a redirect to {_printable(location, token)}; "
-                                "slotune follows no redirects (the token would go along): "
-                                "set url to the address that answers", unreachable=False)
-        if status >= 400:
-            detail = _printable(answer.decode(errors="replace"), token)[:DETAIL_CHARS]
-            raise ActuatorError(f"{method} {self.url}: HTTP {status} {detail}", unreachable=status >= 500)
-        try:
-            return json.loads(answer or b"{}")
-        except ValueError as exc:
-            raise ActuatorError(f"{method} {self.url}: the answer is not JSON ({exc})", unreachable=False) from None
-
-    def _exchange(self, method: str, data: bytes | None, headers: dict) -> tuple[int, str, bytes]:
-        """(status, Location, body) of one exchange that ends within timeout_s, all of it."""
-        try:
-            return exchange(self.url, method, data, headers, timeout_s=self.timeout_s, max_bytes=MAX_ANSWER_BYTES)
-        except TooLarge:
-            raise ActuatorError(f"{method} {self.url}: the answer is larger than {MAX_ANSWER_BYTES} bytes",
-                                unreachable=False) from None
-
     def current(self) -> dict[str, float]:
-        reply, where = self._request("GET"), f"GET {self.url}"
+        reply, where = call_json(self.url, "GET", None, self.token_file, self.timeout_s), f"GET {self.url}"
         if self.settings_key and isinstance(reply, dict):
             reply, where = reply.get(self.settings_key), f"{where}, member {self.settings_key!r}"
         return numeric_settings(reply, where)
 
     def push(self, changes: dict[str, float]) -> None:
-        self._request(self.method, {k: plain(v) for k, v in changes.items()})
+        call_json(self.url, self.method, {k: plain(v) for k, v in changes.items()}, self.token_file, self.timeout_s)
+
+
+def call_json(url: str, method: str, body: object | None, token_file: str = "", timeout_s: float = 2.0):
+    """The JSON answer to one request with a JSON body (or none); an empty answer is {}."""
+    data = json.dumps(body).encode() if body is not None else None
+    answer = call(url, method, data, token_file, timeout_s)
+    try:
+        return json.loads(answer or b"{}")
+    except ValueError as exc:
+        raise ActuatorError(f"{method} {url}: the answer is not JSON ({exc})", unreachable=False) from None
+
+
+def call(url: str, method: str, data: bytes | None, token_file: str = "", timeout_s: float = 2.0) -> bytes:
+    """The body of a 2xx answer to one request; ActuatorError for anything else (unreachable
+    when the service did not answer or answered 5xx, a refusal for a redirect or a 4xx)."""
+    headers = {"Content-Type": "application/json"}
+    token = read_token(token_file) if token_file else ""
+    if token:
+        headers["Authorization"] = "Bearer " + token
+    try:
+        status, location, answer = exchange(url, method, data, headers, timeout_s=timeout_s,
+                                            max_bytes=MAX_ANSWER_BYTES)
+    except TooLarge:
+        raise ActuatorError(f"{method} {url}: the answer is larger than {MAX_ANSWER_BYTES} bytes",
+                            unreachable=False) from None
+    except TimeoutError:
+        raise ActuatorError(f"{method} {url}: no complete answer within {timeout_s:g} s") from None
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        raise ActuatorError(f"{method} {url}: {_printable(str(exc) or type(exc).__name__, token)}") from None
+    if 300 <= status < 400:
+        raise ActuatorError(f"{method} {url}: HTTP {status}, a redirect to {_printable(location, token)}; "
+                            "slotune follows no redirects (the token would go along): "
+                            "set url to the address that answers", unreachable=False)
+    if status >= 400:
+        detail = _printable(answer.decode(errors="replace"), token)[:DETAIL_CHARS]
+        raise ActuatorError(f"{method} {url}: HTTP {status} {detail}", unreachable=status >= 500)
+    return answer
 
 
 def _printable(text: str, token: str) -> str:

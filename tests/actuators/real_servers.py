@@ -1,0 +1,184 @@
+"""Real HAProxy and real nginx (Debian's packages) started for a test in its own
+folder on free loopback ports, and stopped after: what the actuator tests and
+the end-to-end tests push limits into."""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+NGINX = "/usr/sbin/nginx"
+HAPROXY = "/usr/sbin/haproxy"
+
+
+def _wait_port(port: int, proc: subprocess.Popen | None, what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not listen on {port} within {timeout:g} s")
+        time.sleep(0.05)
+
+
+def haproxy_stat(sock: str, proxy: str, server: str) -> dict[str, str]:
+    """One row of HAProxy's `show stat`, read straight off its socket (independently of the actuator)."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(sock)
+        s.sendall(b"show stat\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    lines = data.decode().splitlines()
+    header = lines[0].removeprefix("# ").split(",")
+    for line in lines[1:]:
+        row = line.split(",")
+        if row[:2] == [proxy, server]:
+            return dict(zip(header, row))
+    raise KeyError(f"{proxy}/{server} not in show stat")
+
+
+@dataclass
+class Haproxy:
+    proc: subprocess.Popen
+    socket: str
+    port: int        # the frontend's
+    folder: Path
+
+    def stat(self, proxy: str, server: str) -> dict[str, str]:
+        return haproxy_stat(self.socket, proxy, server)
+
+
+@contextlib.contextmanager
+def haproxy(folder: Path, backend_port: int, maxconn: int = 64, *, port: int = 0, extra_global: str = ""):
+    """HAProxy in front of 127.0.0.1:backend_port: frontend fe_main -> backend be_app, server app
+    with `maxconn`, an admin stats socket at folder/admin.sock and its Prometheus exporter on /metrics."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if not port:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    sock = folder / "admin.sock"
+    (folder / "haproxy.cfg").write_text(f"""global
+    stats socket {sock} mode 600 level admin
+    maxconn 2000
+{extra_global}
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 60s
+    timeout server 60s
+    timeout queue 60s
+frontend fe_main
+    bind 127.0.0.1:{port}
+    maxconn 1000
+    http-request use-service prometheus-exporter if {{ path /haproxy-metrics }}
+    default_backend be_app
+backend be_app
+    server app 127.0.0.1:{backend_port} maxconn {maxconn}
+""")
+    proc = subprocess.Popen([HAPROXY, "-W", "-db", "-f", str(folder / "haproxy.cfg")],
+                            stdout=open(folder / "haproxy.log", "ab"), stderr=subprocess.STDOUT)
+    try:
+        _wait_port(port, proc, "haproxy")
+        deadline = time.monotonic() + 10
+        while not sock.exists():
+            assert time.monotonic() < deadline, "haproxy made no stats socket"
+            time.sleep(0.05)
+        yield Haproxy(proc, str(sock), port, folder)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@dataclass
+class Nginx:
+    master_pid: int
+    conf: Path
+    include: Path
+    port: int
+    access_log: Path
+    folder: Path
+
+    def statuses(self) -> list[int]:
+        """The status of every request in the access log so far (its format is just the status)."""
+        if not self.access_log.exists():
+            return []
+        return [int(s) for s in self.access_log.read_text().split()]
+
+    def workers(self) -> set[int]:
+        return {int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == self.master_pid}
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@contextlib.contextmanager
+def nginx(folder: Path, include_text: str, *, delay_s: float = 0.2):
+    """nginx (with Debian's echo module) on a free port: location /slow answers after `delay_s`
+    (echo_sleep), /nginx_status is stub_status; `include` is included at server level, so
+    its limit_conn applies there. Runs as the invoking user, everything in folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    include, conf, access = folder / "slotune-limits.conf", folder / "nginx.conf", folder / "access.log"
+    include.write_text(include_text)
+    include.chmod(0o640)
+    user = "user root;" if os.geteuid() == 0 else ""
+    conf.write_text(f"""load_module /usr/share/nginx/modules/ngx_http_echo_module.so;
+{user}
+worker_processes 1;
+pid {folder}/nginx.pid;
+error_log {folder}/error.log;
+events {{ worker_connections 256; }}
+http {{
+    log_format status '$status';
+    access_log {access} status;
+    client_body_temp_path {folder}/body;
+    proxy_temp_path {folder}/proxy;
+    fastcgi_temp_path {folder}/fastcgi;
+    uwsgi_temp_path {folder}/uwsgi;
+    scgi_temp_path {folder}/scgi;
+    limit_conn_zone $server_name zone=perserver:1m;
+    limit_conn_status 503;
+    server {{
+        listen 127.0.0.1:{port};
+        include {include};
+        location /slow {{ echo_sleep {delay_s}; echo done; }}
+        location /nginx_status {{ stub_status; }}
+    }}
+}}
+""")
+    subprocess.run([NGINX, "-c", str(conf), "-p", str(folder)], check=True, capture_output=True, timeout=20)
+    pid_file = folder / "nginx.pid"
+    try:
+        deadline = time.monotonic() + 10
+        while not pid_file.exists():
+            assert time.monotonic() < deadline, "nginx wrote no pid file"
+            time.sleep(0.05)
+        _wait_port(port, None, "nginx")
+        yield Nginx(int(pid_file.read_text()), conf, include, port, access, folder)
+    finally:
+        with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+            pid = int(pid_file.read_text())
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while _ppid(pid) is not None and time.monotonic() < deadline:
+                time.sleep(0.05)
