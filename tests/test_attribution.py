@@ -323,3 +323,31 @@ def test_a_shift_downstream_is_read_as_the_callees_own_p50_shift():
     assert e.moved == e.downstream["callee"].moved == "P50"
     assert e.evidence["downstream:callee"]["signal"] == "callee P50"
     assert e.top_cause == "downstream:callee"
+
+
+def queue_wait(ms: float, n: int) -> dict:
+    return {("svc_queue_wait_seconds", ""): latency_at(ms, n)}
+
+
+def test_more_requests_coming_is_named_as_offered_load_with_the_queue_it_built():
+    # 100 requests a second, then 200 whose tail grew and whose queue wait rose from 5 to 150 ms:
+    # the load explains the queue (and the rest of the growth nothing else explains).
+    surge = (0, 180, 0, 0, 20, 0, 0)
+    ws = history(faulty=[(surge, {"extra": queue_wait(150, 200)})] * 2, extra=queue_wait(5, 100))
+    e = explain("svc", {"svc": ws})
+    assert e.top_cause == "offered_load" and e.shares["offered_load"] > 0.8
+    assert "batch_queue_wait" not in e.evidence
+    assert e.evidence["offered_load"]["baseline"] == pytest.approx(100)
+    assert e.evidence["offered_load"]["recent"] == pytest.approx(200)
+
+
+def test_a_queue_that_grows_at_the_usual_rate_stays_the_batchers_own():
+    ws = history(faulty=[(SLOW_TAIL, {"extra": queue_wait(150, 100)})] * 2, extra=queue_wait(5, 100))
+    e = explain("svc", {"svc": ws})
+    assert e.top_cause == "batch_queue_wait" and "offered_load" not in e.evidence
+
+
+def test_more_load_without_a_tail_is_no_cause():
+    ws = history(faulty=[((0, 200, 0, 0, 0, 0, 0), {})] * 2)
+    e = explain("svc", {"svc": ws})
+    assert e.top_cause == "" and e.shares.get("offered_load", 0.0) == 0.0

@@ -29,6 +29,9 @@ tail is):
   delays every request queued behind it, so the tail gains several times the
   mean), and whatever is left stays unexplained. Tool calls the service times
   itself first lose what its own stalls explain (a blocked loop reads replies late).
+- more load is a cause of its own ("offered_load"): when requests come faster
+  than the baseline's usual rate, the service's queueing rise and the growth no
+  other measured cost explains are credited to it (see _offered_load).
 - shares = credited seconds / growth: what made the tail move. What was
   there all along (the usual tail) is nobody's share. A downstream service's share is split
   again by its own explanation, so the answer names a path.
@@ -61,6 +64,8 @@ RECENT_S = 2.0           # the span judged: two collection windows at the defaul
 HORIZON_S = 300.0        # look-back: a fault stays named until it fills half of it
 SAME_REQUESTS = 0.8       # the kernel's request count within this of the service's own: same requests
 BASELINE_SPANS = 60      # the calm spans the baseline is summarised from, latest first
+LOAD_RISE = 0.2          # requests coming this much above the baseline's usual rate are more load
+QUEUES = ("batch_queue_wait",)   # the queueing more load explains
 
 
 @dataclass
@@ -154,10 +159,12 @@ def request_timing(w: Window, source: str):
 
 @dataclass
 class _Stats:
-    """What attribution reads from one span: its median, its P99 and every cause."""
+    """What attribution reads from one span: its median, its P99, every cause and
+    the requests that came (answered and refused) per second."""
     p50: float
     p99: float
     readings: dict[str, causes.Reading]
+    offered_rps: float = 0.0
 
 
 # span's first window -> {(id of its last, windows, source): _Stats}. An entry goes when its
@@ -174,7 +181,7 @@ def _stats(ws: Sequence[Window], source: str) -> _Stats:
     span = merge(ws)
     timing = request_timing(span, source)
     p50, p99 = (timing.quantile(0.5), timing.quantile(0.99)) if timing is not None else (math.nan, math.nan)
-    value = _Stats(p50, p99, causes.read_all(span))
+    value = _Stats(p50, p99, causes.read_all(span), (span.requests + span.rejected) / span.seconds)
     known[key] = value
     return value
 
@@ -259,6 +266,27 @@ def _downstream_rises(downstream: Mapping[str, "Explanation"], moved: str) -> di
         out[f"downstream:{name}"] = {"signal": f"{name} {moved}", "unit": "s", "baseline": recent - growth,
                                      "recent": recent, "rise_s": attributable}
     return out
+
+
+def _offered_load(split: _Split, evidence: dict[str, dict], attributable: float) -> dict[str, dict]:
+    """More load as a cause of its own, the commonest cause of a tail: requests coming
+    (answered and refused per second) beyond the baseline spans' usual rate (median +
+    2 robust deviations) and LOAD_RISE above their median. The service's queueing rise
+    is then the load's doing (requests queued because more came, not because a setting
+    held them), and so is the growth no other measured cost explains (a server that
+    times a request from its first read does not see it wait in the socket backlog).
+    Returns the evidence with the queue causes folded into "offered_load"."""
+    rates = np.array([s.offered_rps for s in split.baseline])
+    base, now = float(np.median(rates)), split.recent.offered_rps
+    if not base or now <= max(base * (1 + LOAD_RISE), base + NOISE_SIGMAS * _robust_sd(rates)):
+        return evidence
+    evidence = dict(evidence)
+    queued = sum(evidence.pop(c)["rise_s"] for c in QUEUES if c in evidence)
+    others = sum(e["rise_s"] for e in evidence.values())
+    evidence["offered_load"] = {"signal": "requests coming per second (answered and refused)", "unit": "1/s",
+                                "baseline": base, "recent": now,
+                                "rise_s": max(queued, attributable - others, 0.0)}
+    return evidence
 
 
 STALLS = ("runqueue_wait", "blocking_syscalls")   # they stretch everything the service times itself
@@ -381,6 +409,7 @@ class _Explainer:
         moved = max(moves, key=lambda m: moves[m][0] - moves[m][1])   # further beyond its band
         growth, noise, attributable = moves[moved]
         evidence = _discount_own_clock(evidence | _downstream_rises(below, moved))
+        evidence = _offered_load(split, evidence, attributable)
 
         p50_base, p99_base = split.p50, split.p99
         p99 = split.recent.p99
