@@ -104,6 +104,17 @@ def test_burn_rate_alerts_use_the_workbook_windows():
             f"/ sum by (instance, job, service) (rate(slotune_service_requests_total[{window}])) / (1 - 0.99)")
 
 
+def test_sample_alertmanager_config_is_valid():
+    """dashboards/alertmanager.yml: amtool (Debian's prometheus-alertmanager ships it) accepts it,
+    and it routes both severities the rules use to a receiver of their own."""
+    out = subprocess.run(["amtool", "check-config", ROOT / "dashboards" / "alertmanager.yml"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr
+    doc = yaml.safe_load((ROOT / "dashboards" / "alertmanager.yml").read_text())
+    routed = {r["matchers"][0]: r["receiver"] for r in doc["route"]["routes"]}
+    assert set(routed) == {f'severity="{s}"' for r in rules() if "alert" in r for s in [r["labels"]["severity"]]}
+
+
 def test_rule_files_path_in_sample_config_exists():
     config = yaml.safe_load((ROOT / "dashboards" / "prometheus.yml").read_text())
     for pattern in config["rule_files"]:
