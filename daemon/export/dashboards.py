@@ -408,6 +408,12 @@ def fleet() -> dict:
     b.add(table("Top cause per service", [(
         f"topk by (instance, service) (1, slotune_attribution_share_ratio{{{INST}}})", "share", "percentunit")],
         "share", "The cause that explains most of each service's tail now."), w=8, h=10)
+    b.add(table("Hosts slower than their fleet", [
+        (f"max by (instance, service) (service:slotune_host_outlier:robust_z{{{INST}}})", "robust z", "none"),
+        (f"max by (instance, service) (exp(service:slotune_service_latency_p99_seconds:ln_avg10m{{{INST}}}))",
+         "P99 (10 m)", "s")],
+        "robust z", "Each host's P99 against the same service on the other hosts (median and MAD of the "
+        "fleet, docs/fleet.md); SlotuneHostOutlier fires above 3.5 for 10 minutes."), w=24, h=8)
     b.add(timeseries("Worst P99 / SLO per host", [(f"max by (instance) ({ratio})", "{{instance}}")],
                      "percentunit", thresholds=[(1.0, "red")]))
     b.add(timeseries("Requests per host", [(f"sum by (instance) (rate(slotune_service_requests_total{{{INST}}}"
