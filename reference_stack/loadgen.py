@@ -2,7 +2,8 @@
 (Poisson or gamma-bursty, shaped by a rate profile) and never wait for
 answers; a request's latency counts from its scheduled time, so a slow server
 cannot hide its queue (no coordinated omission). Above max_inflight, arrivals
-are counted as errors ("overflow") instead of being sent."""
+are counted as errors ("overflow") instead of being sent. This module drives
+the gateway; llm/load.py drives an LLM server with the same schedules."""
 from __future__ import annotations
 
 import argparse
@@ -68,20 +69,45 @@ def schedule(rate: float, duration_s: float, profile: str = "constant", arrivals
     return np.interp(targets, cumulative, grid)
 
 
+async def open_loop(times: np.ndarray, max_inflight: int, send, overflow) -> None:
+    """At each scheduled time (seconds from now) start send(i, t_s, t_abs) as a task, never waiting for
+    answers; when max_inflight are in flight, call overflow(i, t_s) instead. Returns when all are answered."""
+    inflight = 0
+
+    async def tracked(coro):
+        nonlocal inflight
+        try:
+            await coro
+        finally:
+            inflight -= 1
+
+    tasks = []
+    t0 = time.monotonic()
+    for i, t_s in enumerate(times):
+        delay = t0 + t_s - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if inflight >= max_inflight:
+            overflow(i, float(t_s))
+            continue
+        inflight += 1
+        tasks.append(asyncio.create_task(tracked(send(i, float(t_s), t0 + t_s))))
+    await asyncio.gather(*tasks)
+
+
 async def generate_load(url: str, rate: float, duration_s: float, profile: str = "constant",
                         arrivals: str = "poisson", burstiness: float = 0.25, max_inflight: int = 512,
                         timeout_s: float = 10.0, seed: int = 1, queries: QueryStream | None = None) -> list[Record]:
     """Drive url (the gateway's POST /query) open loop; one Record per scheduled arrival."""
     times = schedule(rate, duration_s, profile, arrivals, burstiness, seed)
     queries = queries or QueryStream(seed=seed)
+    texts = [queries.next() for _ in times]
     records: list[Record] = []
-    inflight = 0
 
-    async def one(session, t_s, t_abs, query):
-        nonlocal inflight
+    async def one(session, i, t_s, t_abs):
         status, outcome, cache, error = 0, "error", "", ""
         try:
-            async with session.post(url, json={"query": query}) as r:
+            async with session.post(url, json={"query": texts[i]}) as r:
                 status = r.status
                 body = await r.json(content_type=None)
                 if status == 200:
@@ -92,25 +118,12 @@ async def generate_load(url: str, rate: float, duration_s: float, profile: str =
                     error = str(body.get("error", ""))[:200]
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
             error = f"{type(e).__name__}: {e}"[:200]
-        finally:
-            inflight -= 1
-        records.append(Record(t_s, time.monotonic() - t_abs, status, outcome, cache, query, error))
+        records.append(Record(t_s, time.monotonic() - t_abs, status, outcome, cache, texts[i], error))
 
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=max_inflight), timeout=timeout) as session:
-        tasks = []
-        t0 = time.monotonic()
-        for t_s in times:
-            delay = t0 + t_s - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            query = queries.next()
-            if inflight >= max_inflight:
-                records.append(Record(float(t_s), math.nan, 0, "error", "", query, "overflow"))
-                continue
-            inflight += 1
-            tasks.append(asyncio.create_task(one(session, float(t_s), t0 + t_s, query)))
-        await asyncio.gather(*tasks)
+        await open_loop(times, max_inflight, lambda i, t_s, t_abs: one(session, i, t_s, t_abs),
+                        lambda i, t_s: records.append(Record(t_s, math.nan, 0, "error", "", texts[i], "overflow")))
     records.sort(key=lambda r: r.t_s)
     return records
 
@@ -168,28 +181,75 @@ def write_csv(records: list[Record], path: Path) -> None:
         w.writerows(asdict(r) for r in records)
 
 
+WORKLOADS = ("query", "llm")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default=f"http://127.0.0.1:{port('gateway')}/query", help="the gateway's query endpoint")
-    parser.add_argument("--rate", type=float, default=20.0, help="mean offered rate, queries/s")
+    from .llm import load as llm_load
+    parser.add_argument("--workload", choices=WORKLOADS, default="query",
+                        help="query: the gateway's POST /query; llm: streaming OpenAI completions to the inference "
+                             "server in LLM mode")
+    parser.add_argument("--url", default=None,
+                        help=f"query: the gateway's query endpoint (default http://127.0.0.1:{port('gateway')}/query); "
+                             f"llm: /v1/completions or /v1/chat/completions (default "
+                             f"http://127.0.0.1:{port('inference')}/v1/completions)")
+    parser.add_argument("--rate", type=float, default=20.0, help="mean offered rate, requests/s")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds")
     parser.add_argument("--profile", choices=PROFILES, default="constant")
     parser.add_argument("--arrivals", choices=ARRIVALS, default="poisson")
     parser.add_argument("--burstiness", type=float, default=0.25, help="gamma shape (lower = burstier)")
     parser.add_argument("--max-inflight", type=int, default=512)
-    parser.add_argument("--timeout", type=float, default=10.0, help="per-request timeout, seconds")
+    parser.add_argument("--timeout", type=float, default=None, help="per-request timeout, seconds (query 10, llm 60)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--csv", type=Path, default=None, help="write one row per request here")
+    llm = parser.add_argument_group("llm workload (lengths in tokens; defaults: ShareGPT's means, see llm/load.py)")
+    llm.add_argument("--lengths", choices=llm_load.DISTRIBUTIONS, default="lognormal")
+    llm.add_argument("--prompt-mean", type=float, default=llm_load.SHAREGPT_PROMPT_MEAN)
+    llm.add_argument("--prompt-spread", type=float, default=llm_load.SHAREGPT_SIGMA,
+                     help="lognormal: sigma of the log; uniform: half-width as a share of the mean")
+    llm.add_argument("--max-prompt", type=int, default=1024, help="longest prompt (the server's default context)")
+    llm.add_argument("--output-mean", type=float, default=llm_load.SHAREGPT_OUTPUT_MEAN)
+    llm.add_argument("--output-spread", type=float, default=llm_load.SHAREGPT_SIGMA)
+    llm.add_argument("--max-output", type=int, default=512, help="largest max_tokens")
+    llm.add_argument("--model", default="reference-decoder", help="the served model's name")
+    llm.add_argument("--bad-share", type=float, default=0.0,
+                     help="share of requests sent with an unknown model on purpose (404 errors)")
+    llm.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput counts requests within this TTFT")
+    llm.add_argument("--slo-tpot-ms", type=float, default=None, help="... and within this time per output token")
 
 
 def run(args) -> int:
+    if args.workload == "llm":
+        return _run_llm(args)
     try:
-        records = run_load(args.url, args.rate, args.duration, profile=args.profile, arrivals=args.arrivals,
-                           burstiness=args.burstiness, max_inflight=args.max_inflight, timeout_s=args.timeout,
-                           seed=args.seed)
+        records = run_load(args.url or f"http://127.0.0.1:{port('gateway')}/query", args.rate, args.duration,
+                           profile=args.profile, arrivals=args.arrivals, burstiness=args.burstiness,
+                           max_inflight=args.max_inflight, timeout_s=args.timeout or 10.0, seed=args.seed)
     except ValueError as e:
         raise SystemExit(f"load: {e}") from None
     print(format_summary(summarize(records, args.duration)))
     if args.csv:
         write_csv(records, args.csv)
+        print(f"wrote {len(records)} rows to {args.csv}")
+    return 0
+
+
+def _run_llm(args) -> int:
+    from .llm import load as llm_load
+    try:
+        prompt = llm_load.Lengths(args.prompt_mean, args.prompt_spread, args.max_prompt, args.lengths)
+        output = llm_load.Lengths(args.output_mean, args.output_spread, args.max_output, args.lengths)
+        records = llm_load.run_llm_load(args.url or f"http://127.0.0.1:{port('inference')}/v1/completions",
+                                        args.rate, args.duration, prompt, output, model=args.model,
+                                        profile=args.profile, arrivals=args.arrivals, burstiness=args.burstiness,
+                                        max_inflight=args.max_inflight, timeout_s=args.timeout or 60.0,
+                                        bad_share=args.bad_share, seed=args.seed)
+    except ValueError as e:
+        raise SystemExit(f"load: {e}") from None
+    ms = lambda v: None if v is None else v / 1000
+    print(llm_load.format_llm_summary(llm_load.summarize_llm(records, args.duration, ms(args.slo_ttft_ms),
+                                                             ms(args.slo_tpot_ms))))
+    if args.csv:
+        llm_load.write_llm_csv(records, args.csv)
         print(f"wrote {len(records)} rows to {args.csv}")
     return 0

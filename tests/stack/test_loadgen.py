@@ -1,5 +1,7 @@
 """The open-loop load generator: its arrival schedules (rates, profiles,
-burstiness), its query mix, and a real run against the stack with its CSV."""
+burstiness), its query mix, and a real run against the stack with its CSV;
+the LLM workload's lengths, and its streaming clients' own timing against the
+LLM-mode server's metrics."""
 from __future__ import annotations
 
 import csv
@@ -9,7 +11,10 @@ import numpy as np
 import pytest
 
 from reference_stack.corpus import CHITCHAT, QueryStream
+from reference_stack.llm.load import Lengths, prompt_text, run_llm_load, summarize_llm, write_llm_csv
 from reference_stack.loadgen import PROFILES, run_load, schedule, summarize, write_csv
+
+from .test_llm_server import llm  # noqa: F401  (the LLM-mode server, one per module)
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -73,3 +78,55 @@ def test_overflow_beyond_max_inflight_counts_as_errors(stack):
         stack.patch("inference", **before)
     summary = summarize(records, 1)
     assert summary["overflow"] > 0 and summary["errors"] >= summary["overflow"]
+
+
+# The LLM workload: length distributions, and streaming clients timed against the LLM-mode server's own metrics.
+
+@pytest.mark.parametrize("kind,spread", [("lognormal", 1.0), ("uniform", 0.5), ("fixed", 0.0)])
+def test_length_distributions_keep_their_mean_and_bounds(kind, spread):
+    lengths = Lengths(161, spread, 100_000, kind).draw(np.random.default_rng(1), 20_000)
+    assert lengths.mean() == pytest.approx(161, rel=0.04) and lengths.min() >= 1
+    if kind == "lognormal":                               # sigma 1: median = mean / e^0.5
+        assert np.median(lengths) == pytest.approx(161 / math.exp(0.5), rel=0.05)
+    assert Lengths(161, spread, 50, kind).draw(np.random.default_rng(1), 1000).max() <= 50
+
+
+def test_bad_length_parameters_are_named():
+    with pytest.raises(ValueError, match="unknown length distribution 'zipf'; choose one of lognormal"):
+        Lengths(10, 1, 100, "zipf")
+    with pytest.raises(ValueError, match="spread"):
+        Lengths(10, 2, 100, "uniform")
+
+
+def test_prompts_are_exactly_as_many_tokens_as_drawn():
+    rng = np.random.default_rng(2)
+    assert [len(prompt_text(rng, n).encode()) for n in (1, 2, 7, 100)] == [1, 2, 7, 100]
+
+
+def test_streaming_llm_load_agrees_with_the_servers_own_timing(llm, tmp_path):
+    before = llm.metrics()
+    records = run_llm_load(llm.url + "/v1/completions", rate=8, duration_s=3, prompt=Lengths(40, 0.5, 80),
+                           output=Lengths(20, 0.5, 40), bad_share=0.2, seed=3)
+    after = llm.metrics()
+    delta = lambda name: after[(name, "")] - before[(name, "")]
+    ok = [r for r in records if r.ok]
+    bad = [r for r in records if r.status == 404]
+    assert len(records) == len(schedule(8, 3, seed=3)) and len(ok) + len(bad) == len(records) and bad
+    assert all(len(r.gaps_s) == r.output_tokens - 1 and r.ttft_s <= r.e2e_s for r in ok)
+    # Every token the server timed, the client saw: counts exact, times close (the client adds the wire).
+    assert delta("inference_time_to_first_token_seconds_count") == len(ok)
+    assert delta("inference_inter_token_latency_seconds_count") == sum(len(r.gaps_s) for r in ok)
+    server_ttft = delta("inference_time_to_first_token_seconds_sum") / len(ok)
+    client_ttft = sum(r.ttft_s for r in ok) / len(ok)
+    assert 0.9 * server_ttft <= client_ttft <= server_ttft + 0.05, (client_ttft, server_ttft)
+    server_gaps, client_gaps = delta("inference_inter_token_latency_seconds_sum"), sum(sum(r.gaps_s) for r in ok)
+    assert client_gaps == pytest.approx(server_gaps, rel=0.2, abs=0.05 * len(ok))
+    summary = summarize_llm(records, 3, slo_ttft_s=60, slo_tpot_s=60)
+    assert summary["goodput_rps"] == summary["completed_rps"] == len(ok) / 3
+    assert summary["statuses"] == {200: len(ok), 404: len(bad)}
+    assert summarize_llm(records, 3, slo_ttft_s=0)["goodput_rps"] == 0
+    path = tmp_path / "llm.csv"
+    write_llm_csv(records, path)
+    rows = list(csv.DictReader(path.open()))
+    assert len(rows) == len(records) and {"ttft_s", "gaps_s", "e2e_s", "status"} <= set(rows[0])
+    assert sum(len(r["gaps_s"].split()) for r in rows) == sum(len(r.gaps_s) for r in records)
