@@ -8,12 +8,13 @@ import os
 import re
 import signal
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from daemon.collectors.kernel.families import FAMILIES
 from daemon.collectors.kernel.program import MAP_ENTRIES, MAP_ENTRIES_RANGE
 from daemon.model.service import ServiceSpec
+from daemon import profiles
 
 DEFAULT_PATH = Path("/etc/slotune/slotune.toml")
 PROBE_FAMILIES = tuple(FAMILIES)     # every kernel probe family (daemon/collectors/kernel/families.py)
@@ -67,10 +68,23 @@ class ServiceConf:
     control: Control | None = None
     tuners: tuple[TunerConf, ...] = ()
     settings: dict[str, Bounds] = field(default_factory=dict)
+    admission_by: str = ""      # the service (a proxy) whose control surface takes its throttle's settings
+    recommend: dict[str, str] = field(default_factory=dict)   # restart-only setting -> how it is set
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+
+@dataclass(frozen=True)
+class ExportConf:
+    """[export]: where decisions and metrics also go besides /metrics (daemon/export/sinks.py)."""
+    grafana_url: str = ""              # decisions as Grafana annotations
+    grafana_token_file: str = ""       # a service-account token (Editor), read as the actuators read theirs
+    grafana_dashboard_uid: str = ""    # on this dashboard; "" = organization annotations
+    otlp_endpoint: str = ""            # OTLP/HTTP base URL: decisions to /v1/logs, metrics to /v1/metrics
+    otlp_metrics: bool = True
+    otlp_metrics_interval_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +105,7 @@ class Config:
     probes: tuple[str, ...] = PROBE_FAMILIES
     bpf_map_entries: dict[str, int] = field(default_factory=lambda: dict(MAP_ENTRIES))   # BPF map -> size
     services: tuple[ServiceConf, ...] = ()
+    export: ExportConf = field(default_factory=ExportConf)
 
     def service(self, name: str) -> ServiceConf:
         for svc in self.services:
@@ -161,9 +176,11 @@ def _regex(file, key, value):
 
 def _service(file: Path, name: str, r: _Reader, default_tune_s: float) -> ServiceConf:
     metrics_url = r.get("metrics_url", str, "")
+    profile = profiles.get(r.get("profile", str, profiles.DEFAULT, choices=profiles.NAMES))
     spec = ServiceSpec(
         name=name,
         metrics_url=metrics_url,
+        profile=profile.name,
         systemd_unit=r.get("systemd_unit", str),
         cgroup=r.get("cgroup", str),
         cmdline=_regex(file, r.key("cmdline"), r.get("cmdline", str)),
@@ -171,6 +188,10 @@ def _service(file: Path, name: str, r: _Reader, default_tune_s: float) -> Servic
         user=r.table.pop("user", None),
         latency_metric=r.get("latency_metric", str, ""),
         slo_p99_s=r.get("slo_p99_ms", float, 500.0, lo=0.1, hi=600_000.0) / 1000.0,
+        slo_ttft_p99_s=r.get("slo_ttft_p99_ms", float, 0.0, lo=0.1, hi=600_000.0) / 1000.0,
+        slo_tpot_p99_s=r.get("slo_tpot_p99_ms", float, 0.0, lo=0.1, hi=600_000.0) / 1000.0,
+        ttft_metric=r.get("ttft_metric", str, ""),
+        tpot_metric=r.get("tpot_metric", str, ""),
         peers=_peers(file, r.table_of("peers")),
     )
     if not any((spec.systemd_unit, spec.cgroup, spec.cmdline, spec.port, spec.user is not None)):
@@ -179,17 +200,75 @@ def _service(file: Path, name: str, r: _Reader, default_tune_s: float) -> Servic
         spec.uid()
     except ValueError as exc:
         raise ConfigError(file, r.key("user"), str(exc)) from None
-    if spec.latency_metric and not metrics_url:
-        raise ConfigError(file, r.key("latency_metric"), "needs metrics_url to read it from")
+    for key in ("latency_metric", "ttft_metric", "tpot_metric"):
+        if getattr(spec, key) and not metrics_url:
+            raise ConfigError(file, r.key(key), "needs metrics_url to read it from")
     downstream = tuple(r.get("downstream", list, []))
     for dep in downstream:
         if not isinstance(dep, str):
             raise ConfigError(file, r.key("downstream"), f"lists service names (strings), got {dep!r}")
+    if metrics_url:   # the profile's signals stand in for the families the service does not name
+        spec = replace(spec, **{k: v for k, v in profile.default_metrics().items() if not getattr(spec, k)})
+    admission_by = r.get("admission_by", str, "", nonempty=True)
     control = _control(file, r.table_of("control")) if "control" in r.table else None
+    if admission_by and control is not None:
+        raise ConfigError(file, r.key("admission_by"), "a service with admission_by has its settings pushed through "
+                          f"{admission_by!r}'s control surface: remove its own [control] table, or admission_by")
     settings = _settings(file, r.table_of("settings"))
-    tuners = _tuners(file, r, default_tune_s, control, settings)
+    recommend = _recommend(file, r, profile, control, settings, admission_by)
+    elsewhere = set(recommend) | (admission_settings() if admission_by else set())
+    tuners = _tuners(file, r, default_tune_s, control, settings, elsewhere)
     r.done()
-    return ServiceConf(spec, downstream, control, tuners, settings)
+    return ServiceConf(spec, downstream, control, tuners, settings, admission_by, recommend)
+
+
+def admission_settings() -> set[str]:
+    from daemon.control.tuner_specs import ADMISSION   # here: the specs import the control code, which imports this
+    return set(ADMISSION)
+
+
+def _recommend(file, r: _Reader, profile: profiles.Profile, control: Control | None, settings: dict[str, Bounds],
+               admission_by: str) -> dict[str, str]:
+    """Each setting checked against the service's profile; those it can only take at a
+    restart -> how it is set (slotune recommends them instead of pushing)."""
+    out = {}
+    for name in settings:
+        key = r.key(f"settings.{name}")
+        if admission_by and name in admission_settings() or profile.settings is None:
+            continue     # the proxy's profile decides (checked in load), or its own surface does
+        s = profile.setting(name)
+        if s is None:
+            has = ", ".join(x.name for x in profile.settings)
+            raise ConfigError(file, key, f"profile {profile.name} has no setting {name}; " + (
+                f"its settings: {has}" if has else f"{profile.name} is read-only for slotune, remove it")
+                + ("; to throttle it at a proxy in front, set admission_by" if not admission_by else ""))
+        if not s.live:
+            out[name] = s.target
+        elif control is not None and control.kind != s.kind:
+            raise ConfigError(file, r.key("control.kind"), f"profile {profile.name} pushes {name} through the "
+                              f"{s.kind} actuator ({s.target}), not {control.kind}: set kind = \"{s.kind}\"")
+    return out
+
+
+def _admission(file, svc: ServiceConf, services: dict[str, ServiceConf]) -> None:
+    """admission_by names a service whose own profile and [control] take the throttle's settings."""
+    key = f"services.{svc.name}.admission_by"
+    proxy = services.get(svc.admission_by)
+    if proxy is None or proxy is svc:
+        raise ConfigError(file, key, f"{svc.admission_by!r} is not another declared service: name the proxy in "
+                          f"front of {svc.name} (e.g. its haproxy service)")
+    if proxy.control is None:
+        raise ConfigError(file, key, f"service {proxy.name} has no [control] table to push {svc.name}'s limits "
+                          f"through: give it one (e.g. kind = \"haproxy\")")
+    profile = profiles.get(proxy.spec.profile)
+    for name in sorted(admission_settings() & set(svc.settings)):
+        s = profile.setting(name)
+        if profile.settings is None:
+            continue
+        if s is None or not s.live or s.kind != proxy.control.kind:
+            raise ConfigError(file, f"services.{svc.name}.settings.{name}", f"{proxy.name} (profile "
+                              f"{profile.name}, control kind {proxy.control.kind}) has no live {name}; "
+                              f"admission_by needs a proxy that can take it")
 
 
 def _peers(file, r: _Reader) -> dict[int, str]:
@@ -248,9 +327,10 @@ def _targets(file, kind: str, r: _Reader) -> dict[str, str]:
 
 
 def _tuners(file, svc: _Reader, default_tune_s: float, control: Control | None,
-            settings: dict[str, Bounds]) -> tuple[TunerConf, ...]:
+            settings: dict[str, Bounds], elsewhere: set[str] = frozenset()) -> tuple[TunerConf, ...]:
     """The service's [tuners.NAME] tables, each read by its tuner's spec. A tuner that
-    pushes needs the [control] table, and bounds for every setting it pushes."""
+    pushes needs the [control] table (unless its settings are only recommended, or go
+    to a proxy: `elsewhere`), and bounds for every setting it pushes."""
     from daemon.control.tuner_specs import SPECS   # here: the specs import the control code, which imports this
     r, out = svc.table_of("tuners"), []
     for name in list(r.table):
@@ -258,7 +338,7 @@ def _tuners(file, svc: _Reader, default_tune_s: float, control: Control | None,
             raise ConfigError(file, r.key(name), f"unknown tuner; one of {', '.join(SPECS)}")
         t, spec = r.table_of(name), SPECS[name]
         tuner = _tuner(file, t, spec, default_tune_s)
-        if spec.alert is None and control is None:
+        if spec.alert is None and control is None and not set(spec.pushes(tuner.policy)) <= elsewhere:
             raise ConfigError(file, t.where, "a tuner that pushes settings needs a [control] table")
         for setting in spec.pushes(tuner.policy):
             if setting not in settings:
@@ -308,6 +388,25 @@ def _map_entries(file: Path, r: _Reader) -> dict[str, int]:
     return {name: r.get(name, int, default, lo=lo, hi=hi) for name, default in MAP_ENTRIES.items()}
 
 
+def _export(file: Path, r: _Reader) -> ExportConf:
+    conf = ExportConf(
+        grafana_url=r.get("grafana_url", str, ""), grafana_token_file=r.get("grafana_token_file", str, ""),
+        grafana_dashboard_uid=r.get("grafana_dashboard_uid", str, ""), otlp_endpoint=r.get("otlp_endpoint", str, ""),
+        otlp_metrics=r.get("otlp_metrics", bool, True),
+        otlp_metrics_interval_s=r.get("otlp_metrics_interval_s", float, 30.0, lo=1.0, hi=3600.0))
+    r.done()
+    for key in ("grafana_url", "otlp_endpoint"):
+        if getattr(conf, key) and not getattr(conf, key).startswith(("http://", "https://")):
+            raise ConfigError(file, r.key(key), f"{getattr(conf, key)!r} is not an http(s) URL")
+    if conf.grafana_url and not conf.grafana_token_file:
+        raise ConfigError(file, r.key("grafana_token_file"), "grafana_url needs it: the file holding a Grafana "
+                          "service-account token with the Editor role (Administration > Service accounts)")
+    if re.search(r"/v1/(logs|metrics)/?$", conf.otlp_endpoint):
+        raise ConfigError(file, r.key("otlp_endpoint"), "give the collector's base URL (e.g. http://collector:4318); "
+                          "slotune adds /v1/logs and /v1/metrics itself")
+    return conf
+
+
 def load(path: str | Path = DEFAULT_PATH) -> Config:
     path = Path(path)
     try:
@@ -355,6 +454,7 @@ def load(path: str | Path = DEFAULT_PATH) -> Config:
     if cfg["baseline_source"] == "prometheus" and not cfg["prometheus_url"].startswith(("http://", "https://")):
         raise ConfigError(path, "daemon.baseline_source", '"prometheus" needs daemon.prometheus_url, the http(s) '
                           'URL of the Prometheus to read baselines from (or baseline_source = "local")')
+    export = _export(path, top.table_of("export"))
     services_table = top.table_of("services")
     services = tuple(_service(path, name, services_table.table_of(name), tune_s) for name in list(services_table.table))
     if not services:
@@ -364,5 +464,7 @@ def load(path: str | Path = DEFAULT_PATH) -> Config:
         for dep in svc.downstream:
             if dep not in names:
                 raise ConfigError(path, f"services.{svc.name}.downstream", f"{dep!r} is not a declared service")
+        if svc.admission_by:
+            _admission(path, svc, {s.name: s for s in services})
     top.done()
-    return Config(services=services, **cfg)
+    return Config(services=services, export=export, **cfg)

@@ -1,13 +1,16 @@
-"""Reads a service's own Prometheus /metrics each interval and turns it into
-deltas: every histogram becomes a BucketHistogram, every counter a delta and
-every gauge a last value, keyed (family, "label=value,..."; a counter by its
-_total name), for the families slotune reads only. A service's answer is
-untrusted: a bad one costs that service its sample, never another's."""
+"""Reads a service's own metrics each interval (Prometheus text, or nginx's
+stub_status page) and turns them into deltas: every histogram becomes a
+BucketHistogram, every counter a delta and every gauge a last value, keyed
+(family, "label=value,..."; a counter by its sample's name), for the families the
+service's profile reads only (daemon/profiles), handed on as the profile's signals.
+A service's answer is untrusted: a bad one costs that service its sample, never
+another's."""
 from __future__ import annotations
 
 import http.client
 import logging
 import math
+import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -18,25 +21,23 @@ from daemon.model.sample import Key, Sample
 from daemon.model import labels
 from daemon.model.histogram import BucketHistogram
 from daemon.model.service import ServiceSpec
+from daemon import profiles
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 << 20
 MAX_SERIES = 2000          # kept per service, counted as Prometheus does: one per histogram bucket
 SCRAPERS = 16              # services read at once
-# The families slotune reads from a service's metrics, by name suffix, and what reads
-# them (a service's own latency_metric is read besides); every other family is dropped.
-READ_SUFFIXES = {
-    "_queue_wait_seconds": "control/observations.queue_p99, attribution/causes.batch_queue_wait",
-    "_batch_compute_seconds": "control/observations.batches_run, attribution/causes.batch_queue_wait",
-    "_batch_size": "control/observations.batches_run",
-    "_inflight_requests": "control/observations.for_throttle",
-    "_traces_total": "control/observations.for_sampling",
-    "_tool_calls_total": "control/observations.for_breaker",
-    "_breaker_open": "control/observations.for_breaker",
-    "_tool_duration_seconds": "attribution/causes.tool_readings",
-    "_stage_duration_seconds": "control/observations.for_budget",
-}
+# stub_status's lines -> the names nginx-prometheus-exporter gives them
+STUB_STATUS = (
+    (r"Active connections:\s*(\d+)", (("nginx_connections_active", "gauge"),)),
+    (r"server accepts handled requests\s+(\d+)\s+(\d+)\s+(\d+)",
+     (("nginx_connections_accepted_total", "counter"), ("nginx_connections_handled_total", "counter"),
+      ("nginx_http_requests_total", "counter"))),
+    (r"Reading:\s*(\d+)\s+Writing:\s*(\d+)\s+Waiting:\s*(\d+)",
+     (("nginx_connections_reading", "gauge"), ("nginx_connections_writing", "gauge"),
+      ("nginx_connections_waiting", "gauge"))),
+)
 
 Parsed = tuple[dict[Key, BucketHistogram], dict[Key, float], dict[Key, float]]
 
@@ -64,8 +65,8 @@ def parse(text: str, wanted: Callable[[str], bool] = lambda name: True) -> Parse
                     sums[key] = s.value
             elif not math.isfinite(s.value):
                 continue
-            elif family.type == "counter" and s.name.endswith("_total"):
-                counters[key] = s.value
+            elif family.type == "counter" and not s.name.endswith("_created"):
+                counters[key] = s.value     # by its sample's name: _total, or none (Triton's, TGI's)
             elif family.type == "gauge":
                 gauges[key] = s.value
     hists = {}
@@ -76,6 +77,25 @@ def parse(text: str, wanted: Callable[[str], bool] = lambda name: True) -> Parse
                              "and never go down")
         hists[key] = h
     return hists, counters, gauges
+
+
+def parse_stub_status(text: str) -> Parsed:
+    """nginx's stub_status page as counters and gauges; ValueError when it is not one."""
+    counters, gauges = {}, {}
+    for pattern, names in STUB_STATUS:
+        m = re.search(pattern, text)
+        if m is None:
+            raise ValueError(f"not a stub_status page: no line matching {pattern!r}")
+        for (name, kind), value in zip(names, m.groups()):
+            (counters if kind == "counter" else gauges)[(name, "")] = float(value)
+    return {}, counters, gauges
+
+
+def read_exposition(text: str, exposition: str, wanted: Callable[[str], bool] = lambda name: True) -> Parsed:
+    """The series of a service's answer, read as its profile says it is written."""
+    if exposition == "stub_status":
+        return parse_stub_status(text)
+    return parse(text, wanted)
 
 
 def capped(parsed: Parsed, max_series: int) -> tuple[Parsed, int]:
@@ -121,7 +141,8 @@ class ServiceMetricsCollector:
 
     def __init__(self, timeout_s: float = 0.8):
         self.urls: dict[str, str] = {}      # service -> its metrics_url
-        self.latency: dict[str, str] = {}   # service -> its latency_metric
+        self.own: dict[str, tuple[str, ...]] = {}   # service -> the families it names itself (latency_metric, ...)
+        self.profile: dict[str, profiles.Profile] = {}
         self.timeout_s = timeout_s
         self.previous: dict[str, tuple[dict, dict]] = {}
         self.failing: dict[str, set[str]] = {}    # service -> kinds of failure reported
@@ -144,12 +165,15 @@ class ServiceMetricsCollector:
         self.update_services(services)
 
     def update_services(self, services: list[ServiceSpec]) -> None:
-        before = {name: (url, self.latency.get(name)) for name, url in self.urls.items()}
-        self.urls = {s.name: s.metrics_url for s in services if s.metrics_url}
-        self.latency = {s.name: s.latency_metric for s in services if s.metrics_url}
+        def reading(name):
+            return self.urls.get(name), self.own.get(name), self.profile.get(name)
+        before = {name: reading(name) for name in self.urls}
+        read = [s for s in services if s.metrics_url and profiles.get(s.profile).exposition]
+        self.urls = {s.name: s.metrics_url for s in read}
+        self.profile = {s.name: profiles.get(s.profile) for s in read}
+        self.own = {s.name: s.own_metrics() for s in read}
         # A service read from elsewhere, or for other families, starts over from one read.
-        self.previous = {name: p for name, p in self.previous.items()
-                         if before.get(name) == (self.urls.get(name), self.latency.get(name))}
+        self.previous = {name: p for name, p in self.previous.items() if before.get(name) == reading(name)}
 
     def read(self, service: str, url: str) -> Parsed | ScrapeError:
         """The service's wanted series, or what was wrong (returned, so one bad service
@@ -166,9 +190,9 @@ class ServiceMetricsCollector:
             text = body.decode()
         except UnicodeDecodeError as exc:
             return ScrapeError("is not UTF-8", str(exc))
-        own = self.latency.get(service) or None
+        own, profile = self.own.get(service, ()), self.profile[service]
         try:
-            return parse(text, lambda name: name == own or name.endswith(tuple(READ_SUFFIXES)))
+            return read_exposition(text, profile.exposition, lambda name: name in own or profile.wants(name))
         except ValueError as exc:
             return ScrapeError("does not parse", " ".join(str(exc).split())[:200])
 
@@ -204,12 +228,19 @@ class ServiceMetricsCollector:
             if before is None:
                 continue  # the first read only sets the starting point
             prev_h, prev_c = before
-            sample = Sample(service, self.name, start, end, gauges=gauges)
-            sample.histograms = {k: h.minus(prev_h[k]) if k in prev_h else h for k, h in hists.items()}
-            sample.counters = {k: v - prev_c.get(k, 0.0) if v >= prev_c.get(k, 0.0) else v
-                               for k, v in counters.items()}
-            out.append(sample)
+            hists = {k: h.minus(prev_h[k]) if k in prev_h else h for k, h in hists.items()}
+            counters = {k: v - prev_c.get(k, 0.0) if v >= prev_c.get(k, 0.0) else v for k, v in counters.items()}
+            out.append(self._signals(service, start, end, hists, counters, gauges))
         return out
+
+    def _signals(self, service: str, start: float, end: float, hists, counters, gauges) -> Sample:
+        """The interval's deltas as the profile's signals, beside the families the service names itself."""
+        own = self.own.get(service, ())
+        sample = Sample(service, self.name, start, end,
+                        *self.profile[service].signals_of(hists, counters, gauges))
+        for table, out in ((hists, sample.histograms), (counters, sample.counters), (gauges, sample.gauges)):
+            out.update({k: v for k, v in table.items() if k[0] in own})
+        return sample
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

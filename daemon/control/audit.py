@@ -27,6 +27,7 @@ class Outcome(StrEnum):
     `label` is the value of the metric label."""
     PUSHED = "pushed"
     DRY_RUN = "dry-run"
+    RECOMMENDED = "recommended"         # a restart-only setting: said, for the operator to apply, not pushed
     HELD = "held"                       # not now: rolled back recently, or changed this interval
     REFUSED = "refused"                 # cannot: no bounds for the setting, or the tuner stopped
     PUSH_FAILED = "push failed"

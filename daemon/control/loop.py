@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from daemon.config import Bounds, Config, ServiceConf
 from daemon.control import observations
-from daemon.control.actuators import Actuator, ActuatorError
+from daemon.control.actuators import Actuator, ActuatorError, plain
 from daemon.control.audit import AuditError, AuditLog, Entry, Outcome
 from daemon.control.guard_state import GuardState
 from daemon.control.tuner_specs import SPECS, Alert
@@ -60,7 +60,9 @@ class ControlLoop:
         self.audit, self.dry_run = audit, dry_run
         self.baseline_for = baseline_for   # (service, since, until) -> tuners.drift.Baseline | None
         guards = guards or {}
-        self.services = {s.name: ServiceControl(s, actuators.get(s.name), guards.get(s.name, GuardState()))
+        # a service with admission_by is pushed through its proxy's surface
+        self.services = {s.name: ServiceControl(s, actuators.get(s.admission_by or s.name),
+                                                guards.get(s.name, GuardState()))
                          for s in cfg.services}
         # (service, metric) -> (change against the baseline, alert on) of the alert-only tuners
         self.drift: dict[tuple[str, str], tuple[float, bool]] = {}
@@ -74,13 +76,13 @@ class ControlLoop:
         self.services = {}
         for s in cfg.services:
             if s.name not in old:
-                self.services[s.name] = ServiceControl(s, actuators.get(s.name))
+                self.services[s.name] = ServiceControl(s, actuators.get(s.admission_by or s.name))
                 continue
             was = {t.name: t.policy for t in old[s.name].conf.tuners}
             states = {name: state for name, state in old[s.name].states.items()
                       if any(t.name == name and t.policy == was.get(name) for t in s.tuners)}
-            self.services[s.name] = replace(old[s.name], conf=s, actuator=actuators.get(s.name), stopped=set(),
-                                            states=states)
+            self.services[s.name] = replace(old[s.name], conf=s, actuator=actuators.get(s.admission_by or s.name),
+                                            stopped=set(), states=states)
 
     def guards(self) -> dict[str, GuardState]:
         return {name: sc.guard for name, sc in self.services.items()}
@@ -212,6 +214,10 @@ class ControlLoop:
             return []
         if stop is not None:
             return self._audit([replace(e, outcome=stop, detail=why) for e in planned])
+        if any(e.setting in sc.conf.recommend for e in planned):   # the whole decision, never a mix
+            how = ", ".join(f"{e.setting} as {sc.conf.recommend.get(e.setting, 'is')} {plain(e.new)}" for e in planned)
+            return self._audit([replace(e, outcome=Outcome.RECOMMENDED, detail=f"restart-only: set {how} and "
+                                        "restart the service") for e in planned])
         if self.dry_run or sc.actuator is None:
             return self._audit([replace(e, outcome=Outcome.DRY_RUN) for e in planned])
         decision = self.audit.new_decision()

@@ -82,3 +82,7 @@ SPECS = {spec.name: spec for spec in (
                   Option("llm_slo_ms", 600.0, 0.1, 600_000.0, "the LLM call's SLO"))),
     TunerSpec(degrade, observations.for_degrade, (degrade.SETTING,)),
 )}
+
+# The settings that admit requests: a service whose engine has no live knob for them
+# names the proxy in front of it (admission_by), and they are pushed there.
+ADMISSION = frozenset(s for policy in SPECS["throttle"].module.POLICIES for s in SPECS["throttle"].pushes(policy))

@@ -22,6 +22,7 @@ class ServiceSpec:
     port: int | None = None              # a TCP port the service listens on
     user: str | int | None = None        # the account (name or uid) its processes run as
     metrics_url: str = ""                # its own Prometheus /metrics, when it has one
+    profile: str = "reference"           # what its metrics and settings mean (daemon/profiles)
     latency_metric: str = ""             # its e2e latency histogram family in metrics_url
     slo_p99_s: float = 0.5
     # Token-level objectives of a service that streams tokens (0: not declared): time to
@@ -33,6 +34,10 @@ class ServiceSpec:
     tpot_metric: str = ""
     # Remote ports that name peers, e.g. {8000: "inference"}; others count as "other".
     peers: dict[int, str] = field(default_factory=dict)
+
+    def own_metrics(self) -> tuple[str, ...]:
+        """The families of its metrics it names itself (latency_metric, ttft_metric, tpot_metric)."""
+        return tuple(f for f in (self.latency_metric, self.ttft_metric, self.tpot_metric) if f)
 
     def uid(self) -> int | None:
         """The uid `user` names (None when not given); ValueError, saying the fix, when it names none."""

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from daemon.collectors.service_metrics import MAX_SERIES, READ_SUFFIXES, ServiceMetricsCollector
+from daemon.collectors.service_metrics import MAX_SERIES, ServiceMetricsCollector
+from daemon.profiles import reference
 from daemon.model.service import ServiceSpec
 from tests.conftest import ROOT
 
@@ -152,11 +153,12 @@ def test_families_slotune_does_not_read_are_dropped(serve):
 
 def test_every_suffix_the_readers_look_for_is_kept():
     """The suffixes the readers of windows look families up by (literals such as
-    "_queue_wait_seconds" passed to endswith() or to a helper) are all in
-    READ_SUFFIXES, so none is dropped at the scrape."""
+    "_queue_wait_seconds" passed to endswith() or to a helper) are all signals of the
+    reference profile (daemon/profiles/reference.py), so none is dropped at the scrape."""
     looked_up = set()
     for path in ("daemon/control/observations.py", "daemon/attribution/causes.py"):
         calls = [node for node in ast.walk(ast.parse((ROOT / path).read_text())) if isinstance(node, ast.Call)]
         looked_up |= {arg.value for call in calls for arg in call.args if isinstance(arg, ast.Constant)
                       and isinstance(arg.value, str) and re.fullmatch(r"_[a-z0-9_]+", arg.value)}
-    assert looked_up and looked_up <= set(READ_SUFFIXES), looked_up - set(READ_SUFFIXES)
+    read = {"_" + signal for signal in reference.PROFILE.signals}
+    assert looked_up and looked_up <= read, looked_up - read

@@ -1,0 +1,29 @@
+"""HAProxy (2.4+): its built-in Prometheus exporter, served where haproxy.cfg says
+(`http-request use-service prometheus-exporter if { path /metrics }`), families
+`haproxy_<frontend|backend|server>_*` labelled proxy (and server). It keeps no
+latency histogram, only averages over the last 1024 requests, so the tail comes from
+eBPF. Names: the exporter's README (https://github.com/haproxy/haproxy/blob/master/addons/promex/README)
+and HAProxy 2.6 as installed here. Limits are set live through the runtime API
+(`set maxconn server`, `set rate-limit sessions global`; management guide section 9.3,
+https://docs.haproxy.org/2.6/management.html): it is where a proxied engine with no
+live knob of its own is throttled (admission_by)."""
+from daemon.profiles import Counter, Gauge, Profile, Setting
+
+PROFILE = Profile(
+    name="haproxy",
+    doc="https://github.com/haproxy/haproxy/blob/master/addons/promex/README",
+    signals={
+        "inflight_requests": Gauge(("haproxy_backend_current_sessions",)),
+        "num_requests_waiting": Gauge(("haproxy_backend_current_queue",)),
+        "queue_wait_mean_seconds": Gauge(("haproxy_backend_queue_time_average_seconds",)),
+        "request_duration_mean_seconds": Gauge(("haproxy_backend_total_time_average_seconds",)),
+        "requests_total": Counter("haproxy_backend_http_requests_total"),
+        "errors_total": Counter("haproxy_backend_http_responses_total", (("code", "5xx"),)),
+    },
+    settings=(
+        Setting("concurrency_limit", "haproxy", "maxconn server BACKEND/SERVER"),
+        Setting("rate_limit_rps", "haproxy", "rate-limit sessions global"),
+    ),
+    processes=("haproxy",),
+    marks=(r"haproxy_process_.*",),
+)

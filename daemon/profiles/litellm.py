@@ -1,0 +1,25 @@
+"""LiteLLM's proxy, with `callbacks: [prometheus]`: /metrics on its port, families
+`litellm_*`. Names from "Prometheus metrics" (https://docs.litellm.ai/docs/proxy/prometheus):
+litellm_request_total_latency_metric (seconds, the whole request through the proxy),
+litellm_llm_api_time_to_first_token_metric, and the per-deployment totals
+litellm_deployment_total_requests / _failure_responses. Limits are a key's
+max_parallel_requests and rpm_limit, set live with `POST /key/update`."""
+from daemon.profiles import Counter, Histogram, Profile, Setting
+
+PROFILE = Profile(
+    name="litellm",
+    doc="https://docs.litellm.ai/docs/proxy/prometheus",
+    signals={
+        "request_duration_seconds": Histogram(("litellm_request_total_latency_metric",)),
+        "time_to_first_token_seconds": Histogram(("litellm_llm_api_time_to_first_token_metric",)),
+        "requests_total": Counter("litellm_deployment_total_requests_total"),
+        "errors_total": Counter("litellm_deployment_failure_responses_total"),
+    },
+    settings=(
+        Setting("concurrency_limit", "litellm", "max_parallel_requests"),
+        Setting("rate_limit_rps", "litellm", "rpm_limit"),
+    ),
+    slos=("p99", "ttft"),
+    processes=("litellm",),
+    marks=(r"litellm_.*",),
+)

@@ -1,0 +1,30 @@
+"""SGLang's server (launched with --enable-metrics): /metrics on its API port,
+families prefixed `sglang:`, labelled model_name. Names from "Production Metrics"
+(https://docs.sglang.ai/references/production_metrics.html) and its collector
+(python/sglang/srt/metrics/collector.py): queue depth is sglang:num_queue_reqs, KV use
+sglang:token_usage (0..1), TPOT sglang:inter_token_latency_seconds (older servers:
+sglang:time_per_output_token_seconds). Its running-request cap is set live through
+`POST /set_internal_state` where the server version has it."""
+from daemon.profiles import Counter, Gauge, Histogram, Profile, Setting
+
+PROFILE = Profile(
+    name="sglang",
+    doc="https://docs.sglang.ai/references/production_metrics.html",
+    signals={
+        "request_duration_seconds": Histogram(("sglang:e2e_request_latency_seconds",)),
+        "time_to_first_token_seconds": Histogram(("sglang:time_to_first_token_seconds",)),
+        "inter_token_latency_seconds": Histogram(("sglang:inter_token_latency_seconds",
+                                                  "sglang:time_per_output_token_seconds")),
+        "queue_wait_seconds": Histogram(("sglang:queue_time_seconds",)),
+        "num_requests_running": Gauge(("sglang:num_running_reqs",)),
+        "num_requests_waiting": Gauge(("sglang:num_queue_reqs",)),
+        "inflight_requests": Gauge(("sglang:num_running_reqs", "sglang:num_queue_reqs")),
+        "kv_cache_usage_ratio": Gauge(("sglang:token_usage",)),
+        "requests_total": Counter("sglang:num_requests_total"),
+        "errors_total": Counter("sglang:num_aborted_requests_total"),
+    },
+    settings=(Setting("max_running_requests", "sglang", "max_running_requests"),),
+    slos=("p99", "ttft", "tpot"),
+    processes=("sglang",),
+    marks=(r"sglang:.*",),
+)

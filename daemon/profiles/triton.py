@@ -1,0 +1,34 @@
+"""NVIDIA Triton Inference Server: /metrics on port 8002, families `nv_inference_*`
+labelled model and version. From "Metrics"
+(https://docs.nvidia.com/deeplearning/triton-inference-server/user-guide/docs/user_guide/metrics.html):
+the durations are cumulative microsecond counters (nv_inference_request_duration_us,
+_queue_duration_us, _compute_infer_duration_us), so they give means per interval, not
+tails; the mean batch size is nv_inference_count / nv_inference_exec_count. A request's
+compute time is its batch's, so Δcompute / Δrequests is the mean batch time. Batching
+settings go in with `POST /v2/repository/models/<model>/load` and a config override
+(https://docs.nvidia.com/deeplearning/triton-inference-server/user-guide/docs/protocol/extension_model_repository.html),
+which swaps the model in without dropping requests."""
+from daemon.profiles import Counter, Gauge, Profile, Ratio, Setting
+
+US = 1e-6
+
+PROFILE = Profile(
+    name="triton",
+    doc="https://docs.nvidia.com/deeplearning/triton-inference-server/user-guide/docs/user_guide/metrics.html",
+    signals={
+        "request_duration_mean_seconds": Ratio("nv_inference_request_duration_us", "nv_inference_request_success", US),
+        "queue_wait_mean_seconds": Ratio("nv_inference_queue_duration_us", "nv_inference_request_success", US),
+        "batch_size": Ratio("nv_inference_count", "nv_inference_exec_count"),
+        "batch_compute_seconds": Ratio("nv_inference_compute_infer_duration_us", "nv_inference_request_success", US,
+                                       count="nv_inference_exec_count"),
+        "num_requests_waiting": Gauge(("nv_inference_pending_request_count",)),
+        "requests_total": Counter("nv_inference_request_success"),
+        "errors_total": Counter("nv_inference_request_failure"),
+    },
+    settings=(
+        Setting("max_batch_size", "triton", "max_batch_size"),
+        Setting("max_queue_delay_ms", "triton", "dynamic_batching.max_queue_delay_microseconds"),
+    ),
+    processes=("tritonserver",),
+    marks=(r"nv_inference_.*",),
+)
