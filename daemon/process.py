@@ -27,6 +27,7 @@ from daemon.control.loop import ControlLoop
 from daemon.export.loop_metrics import LoopMetrics, LoopView
 from daemon.export.samples import SampleExporter
 from daemon.export.server import MetricsServer
+from daemon.export import sinks
 from daemon.host import sdnotify
 from daemon.model import window
 from daemon.model.interval import Interval
@@ -39,7 +40,7 @@ HISTORY_S = 600.0          # windows kept per service (attribution horizon and t
 MAX_FAILED_INTERVALS = 30  # this many failing intervals in a row end the process
 # Keys read only when the daemon starts; a reload that changes one is refused.
 RESTART_ONLY = ("exporter_address", "audit_log", "baseline_store", "state_file", "collect_interval_s", "probes",
-                "bpf_map_entries")
+                "bpf_map_entries", "export")
 
 
 class Daemon:
@@ -61,6 +62,7 @@ class Daemon:
                                          lambda: self.cfg)
         self.registry.register(self.recorder)
         self.guard_file = GuardFile(cfg.state_file)
+        self.sinks = sinks.start(cfg, self.registry)    # decisions to Grafana / OTLP, if [export] says so
         self.control = ControlLoop(cfg, self._actuators(cfg), self.audit, dry_run or cfg.dry_run,
                                    self.recorder.baseline, self.guard_file.load())
         self.restore_on_exit = restore_on_exit
@@ -122,6 +124,7 @@ class Daemon:
                 c.close()
             except Exception:
                 log.exception("closing collector %s", c.name)
+        self.sinks.close()
         if self.server:
             self.server.close()
             self.server = None
@@ -228,6 +231,8 @@ class Daemon:
         entries = self.control.tick(interval)
         if entries:
             self._save_guards()
+        self.sinks.decided(entries)
+        self.sinks.tick(end)
         view = self._view(explained)
         self.metrics.observe(built, entries, view)
         self.recorder.record(interval, names)

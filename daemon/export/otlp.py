@@ -1,0 +1,179 @@
+"""OpenTelemetry over OTLP/HTTP (protobuf), for users whose backend is an OTel Collector:
+each decision operators are shown (daemon/export/sinks.py) as a log record (event
+slotune.decision) to <otlp_endpoint>/v1/logs, and every otlp_metrics_interval_s the same
+registry /metrics serves to <otlp_endpoint>/v1/metrics, converted family by family (gauge ->
+Gauge, counter -> cumulative monotonic Sum, histogram -> explicit-bucket Histogram). Needs
+the `otlp` extra (opentelemetry-sdk, opentelemetry-exporter-otlp-proto-http; no gRPC)."""
+from __future__ import annotations
+
+import logging
+import math
+import socket
+import time
+from collections import defaultdict
+from importlib import metadata
+
+from daemon.control.audit import Entry, Outcome
+from daemon.export.sinks import ExportCounters, Outbox
+
+log = logging.getLogger(__name__)
+TIMEOUT_S = 5.0
+SCOPE = "slotune"
+EVENT = "slotune.decision"
+WARN = frozenset({Outcome.ROLLED_BACK, Outcome.ROLLBACK_FAILED, Outcome.REFUSED})
+# The exporters' own loggers: what they say about a failed export is kept for our one line.
+EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.http._log_exporter",
+                    "opentelemetry.exporter.otlp.proto.http.metric_exporter")
+
+
+class _LastWord:
+    """A logging filter that keeps the last thing a logger said and lets nothing through."""
+
+    def __init__(self):
+        self.text = ""
+
+    def filter(self, record) -> bool:
+        self.text = record.getMessage()
+        return False
+
+
+def resource_attributes(environment: str) -> dict[str, str]:
+    try:
+        version = metadata.version("slotune")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    return {"service.name": "slotune", "service.version": version, "host.name": socket.gethostname(),
+            "deployment.environment.name": environment}
+
+
+def decision_record(entry: Entry, resource, scope):
+    """One audit entry as an OTel log record: the audit line as body, its fields as attributes."""
+    from opentelemetry._logs import LogRecord, SeverityNumber
+    from opentelemetry.sdk._logs import ReadableLogRecord
+    attributes = {"slotune.service": entry.service, "slotune.tuner": entry.tuner, "slotune.setting": entry.setting,
+                  "slotune.outcome": entry.outcome.label, "slotune.reason": entry.reason,
+                  "slotune.decision": entry.decision, "slotune.detail": entry.detail}
+    attributes |= {f"slotune.{k}": float(v) for k, v in (("old", entry.old), ("new", entry.new)) if v is not None}
+    warn = entry.outcome in WARN
+    record = LogRecord(timestamp=round(entry.t * 1e9), observed_timestamp=time.time_ns(),
+                       severity_number=SeverityNumber.WARN if warn else SeverityNumber.INFO,
+                       severity_text="WARN" if warn else "INFO", body=f"slotune {entry.tuner}: {entry.line()}",
+                       attributes={k: v for k, v in attributes.items() if v != ""}, event_name=EVENT)
+    return ReadableLogRecord(record, resource=resource, instrumentation_scope=scope)
+
+
+def metrics_data(families, resource, scope, start_ns: int, now_ns: int):
+    """prometheus_client metric families (registry.collect()) as OTel MetricsData."""
+    from opentelemetry.sdk.metrics.export import MetricsData, ResourceMetrics, ScopeMetrics
+    metrics = [m for fam in families if (m := _metric(fam, start_ns, now_ns)) is not None]
+    return MetricsData([ResourceMetrics(resource, [ScopeMetrics(scope, metrics, "")], "")])
+
+
+def _metric(fam, start_ns: int, now_ns: int):
+    from opentelemetry.sdk.metrics.export import (AggregationTemporality, Gauge, Histogram, Metric,
+                                                  NumberDataPoint, Sum)
+    cumulative = AggregationTemporality.CUMULATIVE
+    if fam.type in ("gauge", "info", "unknown"):
+        points = [NumberDataPoint(s.labels, 0, now_ns, s.value) for s in fam.samples
+                  if s.name in (fam.name, fam.name + "_info") and math.isfinite(s.value)]
+        data = Gauge(points)
+    elif fam.type == "counter":
+        points = [NumberDataPoint(s.labels, start_ns, now_ns, s.value) for s in fam.samples
+                  if s.name == fam.name + "_total"]
+        data = Sum(points, cumulative, True)
+    elif fam.type == "histogram":
+        data = Histogram(_histogram_points(fam, start_ns, now_ns), cumulative)
+    else:          # summaries and state sets: slotune exports none; nothing to map them to here
+        return None
+    name = fam.name + "_info" if fam.type == "info" else fam.name
+    return Metric(name, fam.documentation, "", data) if data.data_points else None
+
+
+def _histogram_points(fam, start_ns: int, now_ns: int) -> list:
+    from opentelemetry.sdk.metrics.export import HistogramDataPoint
+    series: dict[tuple, dict] = defaultdict(lambda: {"buckets": {}, "sum": 0.0, "count": 0})
+    for s in fam.samples:
+        labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
+        if s.name == fam.name + "_bucket":
+            series[labels]["buckets"][float(s.labels["le"])] = s.value
+        elif s.name == fam.name + "_sum":
+            series[labels]["sum"] = s.value
+        elif s.name == fam.name + "_count":
+            series[labels]["count"] = int(s.value)
+    points = []
+    for labels, h in series.items():
+        bounds = sorted(le for le in h["buckets"] if math.isfinite(le))
+        cumulative = [h["buckets"][le] for le in bounds] + [h["count"]]
+        counts = [int(c - p) for c, p in zip(cumulative, [0.0] + cumulative[:-1])]
+        points.append(HistogramDataPoint(dict(labels), start_ns, now_ns, h["count"], h["sum"], counts, bounds,
+                                         None, None))
+    return points
+
+
+class OtlpExport:
+    sink = "otlp"
+
+    def __init__(self, endpoint: str, environment: str, registry, counters: ExportCounters,
+                 metrics_interval_s: float | None):
+        from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+        base = endpoint.rstrip("/")
+        self.registry, self.interval_s = registry, metrics_interval_s
+        self.resource = Resource.create(resource_attributes(environment))
+        self.scope = InstrumentationScope(SCOPE, self.resource.attributes.get("service.version"))
+        self.started_ns, self.last_metrics = time.time_ns(), -math.inf
+        self.said = _LastWord()
+        for name in EXPORTER_LOGGERS:
+            logging.getLogger(name).addFilter(self.said)
+        self.log_exporter = OTLPLogExporter(endpoint=f"{base}/v1/logs", timeout=TIMEOUT_S)
+        self.metric_exporter = OTLPMetricExporter(endpoint=f"{base}/v1/metrics", timeout=TIMEOUT_S)
+        self.decisions = Outbox("otlp_logs", f"{base}/v1/logs", self._send_decisions, counters)
+        self.metrics = Outbox("otlp_metrics", f"{base}/v1/metrics", self._send_metrics, counters, batch=1,
+                              capacity=2) if metrics_interval_s else None
+        log.info("decisions go over OTLP/HTTP to %s/v1/logs%s", base,
+                 f", metrics to {base}/v1/metrics every {metrics_interval_s:g} s" if self.metrics else "")
+
+    def decided(self, entries: list[Entry]) -> None:
+        self.decisions.offer(entries)
+
+    def tick(self, now: float) -> None:
+        """Queue a metrics snapshot when its interval has passed; it is read on the sink's thread."""
+        if self.metrics and now - self.last_metrics >= self.interval_s:
+            self.last_metrics = now
+            self.metrics.offer([now])
+
+    def _send_decisions(self, batch: list[Entry]) -> None:
+        records = [decision_record(e, self.resource, self.scope) for e in batch]
+        self._check(self.log_exporter.export(records))
+
+    def _send_metrics(self, batch: list[float]) -> None:
+        data = metrics_data(self.registry.collect(), self.resource, self.scope, self.started_ns, time.time_ns())
+        self._check(self.metric_exporter.export(data))
+
+    def _check(self, result) -> None:
+        if result.name != "SUCCESS":
+            raise ConnectionError(self.said.text or "the endpoint did not take the batch")
+
+    def close(self) -> None:
+        for outbox in (self.decisions, self.metrics):
+            if outbox:
+                outbox.close()
+        self.log_exporter.shutdown()
+        self.metric_exporter.shutdown()
+        for name in EXPORTER_LOGGERS:
+            logging.getLogger(name).removeFilter(self.said)
+
+
+def start(conf, environment: str, registry, counters: ExportCounters) -> OtlpExport | None:
+    """The OTLP sink, or None (said in one line) when the `otlp` extra is not installed."""
+    try:
+        import opentelemetry.exporter.otlp.proto.http  # noqa: F401
+        import opentelemetry.sdk  # noqa: F401
+    except ImportError as exc:
+        log.error("export.otlp_endpoint is set but the OTLP exporter is not installed (%s): decisions and "
+                  "metrics go to Prometheus only; fix: pip install 'slotune[otlp]'", exc)
+        return None
+    return OtlpExport(conf.otlp_endpoint, environment, registry, counters,
+                      conf.otlp_metrics_interval_s if conf.otlp_metrics else None)
