@@ -1,13 +1,35 @@
-/* Blocking time per service and syscall class: the duration of every syscall a
- * watched task makes (raw_syscalls enter -> exit), classed by syscall number into
- * a few bounded labels (OFFCPU_* ids generated from the Python table). */
+/* Off-CPU time per service and syscall class, from the scheduler as BCC's
+ * offcputime measures it: when a watched task leaves the CPU blocked
+ * (sched_switch with a sleeping or stopped prev_state) inside a syscall, the
+ * time and the syscall's class (OFFCPU_* ids generated from the Python table)
+ * are kept; when it is switched back in, the time it was away (its wait plus
+ * its run-queue wait after the wake-up) goes into that class's histogram. One
+ * observation per time a syscall blocked; a syscall that returns without
+ * blocking costs nothing, and no program runs on any syscall. The syscall in
+ * progress is read from the task's saved user registers (struct pt_regs, the
+ * arch's syscall ABI, the frame ptrace shows): x86-64 orig_ax with ax still
+ * -ENOSYS while the syscall runs, arm64 syscallno (-1 outside a syscall).
+ * A task preempted on its way to sleep (its state already set, reported as
+ * runnable) counts as blocked too when its task_struct __state can be read at
+ * the offset user space takes from the kernel's BTF (OFFCPU_TASK_STATE_OFF, -1
+ * when unknown): else a sleep whose timer fired while it was preempted would
+ * never be seen. */
 
-struct syscall_entered {
-    u64 at;
+struct offcpu_left {
+    u64 at;              /* ns it was switched out */
+    u32 service;
     u32 class_id;
 };
 
-BPF_TABLE("lru_hash", u32, struct syscall_entered, syscall_since, 16384);   /* tid -> entry */
+BPF_TABLE("lru_hash", u32, struct offcpu_left, offcpu_since, 16384);   /* tid -> blocked since */
+
+#define OFFCPU_BLOCKED 0x0f   /* TASK_INTERRUPTIBLE, _UNINTERRUPTIBLE, __TASK_STOPPED, __TASK_TRACED */
+#if defined(__x86_64__)
+#define PT_REGS_NR_OFF 120    /* orig_ax */
+#define PT_REGS_AX_OFF 80     /* ax: -ENOSYS until the syscall returns */
+#elif defined(__aarch64__)
+#define PT_REGS_NR_OFF 280    /* syscallno (s32) */
+#endif
 
 static __always_inline u32 syscall_class(long nr)
 {
@@ -48,29 +70,71 @@ static __always_inline u32 syscall_class(long nr)
     }
 }
 
-int on_sys_enter(struct tracepoint__raw_syscalls__sys_enter *args)
+/* The syscall the current task is in, or -1 when it is not in one. */
+static __always_inline long current_syscall(void)
 {
-    u32 tid = current_tid();
-    if (!service_of_task(tid))
-        return 0;
-    struct syscall_entered e = {.at = bpf_ktime_get_ns(), .class_id = syscall_class(args->id)};
-    syscall_since.update(&tid, &e);
-    return 0;
+    u64 regs = (u64)bpf_task_pt_regs(bpf_get_current_task_btf());
+#if defined(__x86_64__)
+    long nr = -1, ax = 0;
+    bpf_probe_read_kernel(&ax, sizeof(ax), (void *)(regs + PT_REGS_AX_OFF));
+    if (ax != -38)
+        return -1;
+    bpf_probe_read_kernel(&nr, sizeof(nr), (void *)(regs + PT_REGS_NR_OFF));
+    return nr;
+#elif defined(__aarch64__)
+    int nr = -1;
+    bpf_probe_read_kernel(&nr, sizeof(nr), (void *)(regs + PT_REGS_NR_OFF));
+    return nr;
+#else
+    return -1;
+#endif
 }
 
-int on_sys_exit(struct tracepoint__raw_syscalls__sys_exit *args)
+/* The switched-out (current) task is waiting, not merely preempted. */
+static __always_inline int offcpu_blocked(long prev_state)
 {
-    u32 tid = current_tid();
-    if (!maybe_watched(tid))
-        return 0;
-    struct syscall_entered *e = syscall_since.lookup(&tid);
+    if (prev_state & OFFCPU_BLOCKED)
+        return 1;
+#if OFFCPU_TASK_STATE_OFF >= 0
+    u32 state = 0;
+    bpf_probe_read_kernel(&state, sizeof(state), (void *)(bpf_get_current_task() + OFFCPU_TASK_STATE_OFF));
+    return (state & OFFCPU_BLOCKED) != 0;
+#else
+    return 0;
+#endif
+}
+
+static __always_inline void offcpu_switch(u32 prev, long prev_state, u32 next)
+{
+    u32 *service = service_of_task(prev);       /* prev is the current task */
+    if (service && offcpu_blocked(prev_state)) {
+        long nr = current_syscall();
+        if (nr >= 0) {
+            struct offcpu_left e = {.at = bpf_ktime_get_ns(), .service = *service,
+                                    .class_id = syscall_class(nr)};
+            offcpu_since.update(&prev, &e);
+        }
+    }
+    if (!maybe_watched(next))
+        return;
+    struct offcpu_left *e = offcpu_since.lookup(&next);
     if (!e)
-        return 0;
-    u64 took = bpf_ktime_get_ns() - e->at;
-    u32 class_id = e->class_id;
-    syscall_since.delete(&tid);
-    u32 *service = service_of_task(tid);
-    if (service)
-        hist_add(*service, SIG_OFFCPU, class_id, took);
+        return;
+    struct offcpu_left left = *e;
+    offcpu_since.delete(&next);
+    hist_add(left.service, SIG_OFFCPU, left.class_id, bpf_ktime_get_ns() - left.at);
+}
+
+/* The runqueue family reads sched_switch too (bpf/runqueue.bpf.c): one program serves both. */
+#ifdef FAMILY_RUNQUEUE
+static __always_inline void runqueue_switch(u32 prev, long prev_state, u32 next);   /* whichever file comes first */
+#endif
+
+int on_sched_switch(struct tracepoint__sched__sched_switch *args)
+{
+#ifdef FAMILY_RUNQUEUE
+    runqueue_switch(args->prev_pid, args->prev_state, args->next_pid);
+#endif
+    offcpu_switch(args->prev_pid, args->prev_state, args->next_pid);
     return 0;
 }

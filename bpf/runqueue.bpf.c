@@ -23,21 +23,28 @@ int on_sched_wakeup_new(struct tracepoint__sched__sched_wakeup_new *args)
     return runqueue_enqueue(args->pid);
 }
 
-int on_sched_switch(struct tracepoint__sched__sched_switch *args)
+static __always_inline void runqueue_switch(u32 prev, long prev_state, u32 next)
 {
     /* TASK_REPORT bits (0xff) clear: still runnable, i.e. preempted or yielded. */
-    if ((args->prev_state & 0xff) == 0)
-        runqueue_enqueue(args->prev_pid);
-    u32 next = args->next_pid;
+    if ((prev_state & 0xff) == 0)
+        runqueue_enqueue(prev);
     if (!maybe_watched(next))
-        return 0;
+        return;
     u64 *since = runqueue_since.lookup(&next);
     if (!since)
-        return 0;
+        return;
     u64 waited = bpf_ktime_get_ns() - *since;
     runqueue_since.delete(&next);
     u32 *service = service_of_task(next);
     if (service)
         hist_add(*service, SIG_RUNQUEUE_WAIT, 0, waited);
+}
+
+#ifndef FAMILY_OFFCPU
+/* With the offcpu family, its sched_switch program calls runqueue_switch (bpf/offcpu.bpf.c). */
+int on_sched_switch(struct tracepoint__sched__sched_switch *args)
+{
+    runqueue_switch(args->prev_pid, args->prev_state, args->next_pid);
     return 0;
 }
+#endif

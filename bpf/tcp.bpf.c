@@ -19,7 +19,12 @@
  * RTT is sampled at most once per TCP_RTT_EVERY_NS per connection (the first
  * received segment after that), so each busy connection weighs the same in time,
  * however many segments it receives: a burst of ACKs counts once.
- * The peer label comes from the remote port (ServiceSpec.peers), else "other". */
+ * The peer label comes from the remote port (ServiceSpec.peers), else "other".
+ * The first test on every segment is two array lookups (inlined by the JIT):
+ * tcp_sock_hint counts the owned sockets whose address hashes to a slot, and
+ * tcp_port_hint marks the local ports some service listens on (user space sets
+ * it). A segment of a socket no service owns, the host's other traffic, stops
+ * there; only the others look up tcp_socks, the namespace and tcp_listen_ports. */
 
 #define TCP_ESTABLISHED 1
 #define TCP_SYN_SENT 2
@@ -54,6 +59,42 @@ struct tcp_peer_key {
 BPF_TABLE("lru_hash", u64, struct tcp_owner, tcp_socks, 65536);        /* skaddr -> owner */
 BPF_HASH(tcp_listen_ports, struct tcp_listen_key, u32, 1024);          /* (netns, local port) -> service */
 BPF_HASH(tcp_peer_ports, struct tcp_peer_key, u16, 1024);              /* (service, remote port) -> peer id */
+BPF_ARRAY(tcp_sock_hint, u32, TCP_HINT_SLOTS);                          /* owned sockets per address slot */
+BPF_ARRAY(tcp_port_hint, u32, 65536);                                   /* local port -> a service listens on it */
+
+static __always_inline u32 *tcp_sock_slot(u64 sk)
+{
+    u32 slot = (u32)((sk >> 8) ^ (sk >> 24)) & (TCP_HINT_SLOTS - 1);
+    return tcp_sock_hint.lookup(&slot);
+}
+
+/* Could a service own this socket? False for nearly every socket it does not. */
+static __always_inline int tcp_maybe_owned(u64 sk, u16 sport)
+{
+    u32 *n = tcp_sock_slot(sk);
+    if (n && *n)
+        return 1;
+    u32 port = sport;
+    u32 *listened = tcp_port_hint.lookup(&port);
+    return listened && *listened;
+}
+
+static __always_inline void tcp_own(u64 sk, struct tcp_owner *o)
+{
+    if (tcp_socks.update(&sk, o))
+        return;
+    u32 *n = tcp_sock_slot(sk);
+    if (n)
+        __sync_fetch_and_add(n, 1);
+}
+
+static __always_inline void tcp_forget(u64 sk)
+{
+    u32 *n = tcp_sock_slot(sk);
+    if (!n || !*n || tcp_socks.delete(&sk))
+        return;              /* not ours */
+    __sync_fetch_and_add(n, -1);
+}
 
 static __always_inline u16 tcp_peer_of(u32 service, u16 remote_port)
 {
@@ -85,6 +126,8 @@ static __always_inline u32 *tcp_listener_of(u64 sk, u16 sport)
  * else by (namespace, listening port), and then recorded for the next events. */
 static __always_inline struct tcp_owner *tcp_owner_of(u64 sk, u16 sport, u16 dport)
 {
+    if (!tcp_maybe_owned(sk, sport))
+        return 0;
     struct tcp_owner *known = tcp_socks.lookup(&sk);
     if (known)
         return known;
@@ -92,7 +135,7 @@ static __always_inline struct tcp_owner *tcp_owner_of(u64 sk, u16 sport, u16 dpo
     if (!service)
         return 0;
     struct tcp_owner o = {.service = *service, .peer = tcp_peer_of(*service, dport)};
-    tcp_socks.update(&sk, &o);
+    tcp_own(sk, &o);
     return tcp_socks.lookup(&sk);
 }
 
@@ -131,6 +174,10 @@ int on_tcp_retransmit(struct tracepoint__tcp__tcp_retransmit_skb *args)
 /* A SYN-ACK sent again by a listener (fires only when sent; one segment). */
 int on_tcp_retransmit_synack(struct tracepoint__tcp__tcp_retransmit_synack *args)
 {
+    u32 port = args->sport;
+    u32 *listened = tcp_port_hint.lookup(&port);
+    if (!listened || !*listened)
+        return 0;
     u32 *service = tcp_listener_of((u64)args->skaddr, args->sport);
     if (service)
         count_add(*service, SIG_TCP_RETRANSMITS, tcp_peer_of(*service, args->dport), 1);
@@ -150,11 +197,11 @@ int on_tcp_state(struct tracepoint__sock__inet_sock_set_state *args)
             return 0;
         struct tcp_owner o = {.connect_at = bpf_ktime_get_ns(), .service = *service,
                               .peer = tcp_peer_of(*service, args->dport)};
-        tcp_socks.update(&sk, &o);
+        tcp_own(sk, &o);
         return 0;
     }
     if (to == TCP_CLOSE && (from == TCP_SYN_SENT || from == TCP_SYN_RECV || from == TCP_LISTEN)) {
-        tcp_socks.delete(&sk);                              /* never established */
+        tcp_forget(sk);                                     /* never established */
         return 0;
     }
     if (to != TCP_ESTABLISHED && to != TCP_CLOSE)
@@ -169,7 +216,7 @@ int on_tcp_state(struct tracepoint__sock__inet_sock_set_state *args)
             hist_add(service, SIG_TCP_CONNECT, peer, bpf_ktime_get_ns() - o->connect_at);
         count_add(service, SIG_TCP_OPENED, peer, 1);
     } else {
-        tcp_socks.delete(&sk);
+        tcp_forget(sk);
         count_add(service, SIG_TCP_CLOSED, peer, 1);
     }
     return 0;

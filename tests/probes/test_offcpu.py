@@ -1,6 +1,8 @@
 """Off-CPU time by syscall class: fsync, fdatasync and sync_file_range are `io`
 (they were `other`), and 5 ms sleeps read at least 5 ms at P50 (the middle of
-their bucket said 4.98 ms)."""
+their bucket said 4.98 ms). The family times each block inside a syscall (from
+sched_switch), so a call that returns without waiting (the pwrite into the page
+cache) is not an observation; each fsync after a write waits for the disk."""
 from daemon.model.service import ServiceSpec
 from tests.probes.conftest import collected, hist
 
@@ -17,7 +19,7 @@ def test_sync_calls_are_io(kernel, spawn, tag, tmp_path):
     h = collected(collector)["db"].histograms
     io, other = hist(h, ("offcpu", "io")).count, hist(h, ("offcpu", "other")).count
     print(f"io {io}, other {other}")
-    assert io >= 4 * SYNCS            # pwrite + the three syncs, plus stdin/stdout
+    assert io >= SYNCS                # every fsync after a write blocks (ext4 here: 308-406 blocks)
     assert other < SYNCS              # the syncs were all counted here before
 
 

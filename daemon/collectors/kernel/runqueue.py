@@ -8,4 +8,5 @@ class RunQueue(Family):
                       "Time the service's tasks waited runnable for a CPU"),)
     tracepoints = (("sched:sched_wakeup", "on_sched_wakeup"),
                    ("sched:sched_wakeup_new", "on_sched_wakeup_new"),
-                   ("sched:sched_switch", "on_sched_switch"))
+                   ("sched:sched_switch", "on_sched_switch"))   # shared with offcpu (bpf/offcpu.bpf.c)
+    defines = {"FAMILY_RUNQUEUE": 1}

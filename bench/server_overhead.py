@@ -1,0 +1,373 @@
+"""What the probes cost a busy real server: a real nginx (1 worker, keep-alive,
+a 1 KiB static file, or a 5 ms handler from the echo module) under `wrk -t1
+-c16`, and the reference gateway under its closed-loop clients, with variants
+alternating round by round: no tracing; slotune with all families watching the
+server; slotune's `http` family alone; all families loaded but watching nothing
+(the cost to the host's other tenants); and the anchor, a bpftrace
+syscall-latency histogram for the server's pid. Each traced run is compared
+with the mean of the untraced runs on either side of it; the figures are
+medians over the rounds with their range, the server's CPU per request, and
+(--bpf-stats) the kernel's own run time of each slotune program per request.
+
+    python -m bench.server_overhead [--rounds 5] [--seconds 5] [--handler static|sleep|both]
+                                    [--gateway] [--bpf-stats]"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from daemon.collectors.kernel import KernelCollector
+from daemon.model.service import ServiceSpec
+
+NGINX_CONF = """\
+load_module /usr/lib/nginx/modules/ngx_http_echo_module.so;
+worker_processes 1;
+daemon off;
+master_process on;
+user root;
+pid {prefix}/nginx.pid;
+error_log {prefix}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    keepalive_requests 1000000;
+    client_body_temp_path {prefix}/body;
+    proxy_temp_path {prefix}/proxy;
+    fastcgi_temp_path {prefix}/fastcgi;
+    uwsgi_temp_path {prefix}/uwsgi;
+    scgi_temp_path {prefix}/scgi;
+    server {{
+        listen 127.0.0.1:{port};
+        root {prefix}/www;
+        location = /static.html {{ }}
+        location = /sleep {{ echo_sleep 0.005; echo ok; }}
+    }}
+}}
+"""
+PATHS = {"static": "/static.html", "sleep": "/sleep"}
+BPFTRACE = ("tracepoint:raw_syscalls:sys_enter /pid == {pid}/ {{ @start[tid] = nsecs; }} "
+            "tracepoint:raw_syscalls:sys_exit /pid == {pid} && @start[tid]/ "
+            "{{ @ns = hist(nsecs - @start[tid]); delete(@start[tid]); }}")
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Nginx:
+    """A private nginx serving /static.html (1 KiB) and /sleep (5 ms, echo module)."""
+
+    def __init__(self, work: Path, cpu: int | None):
+        self.prefix, self.port = work / "nginx", free_port()
+        for d in ("www", "body", "proxy", "fastcgi", "uwsgi", "scgi"):
+            (self.prefix / d).mkdir(parents=True, exist_ok=True)
+        (self.prefix / "www" / "static.html").write_bytes(b"x" * 1024)
+        conf = self.prefix / "nginx.conf"
+        conf.write_text(NGINX_CONF.format(prefix=self.prefix, port=self.port))
+        pin = ["taskset", "-c", str(cpu)] if cpu is not None else []
+        self.master = subprocess.Popen([*pin, "nginx", "-p", str(self.prefix), "-c", str(conf)])
+        deadline = time.monotonic() + 10
+        while not self.workers():
+            if self.master.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"nginx did not start; see {self.prefix / 'error.log'}")
+            time.sleep(0.1)
+        self.worker = self.workers()[0]
+
+    def workers(self) -> list[int]:
+        try:
+            children = Path(f"/proc/{self.master.pid}/task/{self.master.pid}/children").read_text().split()
+        except OSError:
+            return []
+        return [int(c) for c in children]
+
+    def url(self, handler: str) -> str:
+        return f"http://127.0.0.1:{self.port}{PATHS[handler]}"
+
+    def stop(self) -> None:
+        self.master.terminate()
+        self.master.wait(timeout=10)
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wrk(url: str, seconds: float, cpu: int | None) -> float:
+    pin = ["taskset", "-c", str(cpu)] if cpu is not None else []
+    out = subprocess.run([*pin, "wrk", "-t1", "-c16", f"-d{seconds:g}s", url],
+                         capture_output=True, text=True, check=True).stdout
+    m = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    if not m:
+        raise RuntimeError(f"wrk printed no rate:\n{out}")
+    return float(m.group(1))
+
+
+@dataclass
+class Run:
+    rps: float
+    cpu_us: float                       # server CPU per request, µs
+    bpf_ns: dict = field(default_factory=dict)   # slotune program -> BPF run time ns per request
+
+
+class Tracer:
+    """One variant: set up before a run, torn down after (outside the measured time)."""
+    name = ""
+
+    def start(self, target: "Target") -> None: ...
+    def stop(self) -> None: ...
+    def bpf_ns(self) -> dict: return {}
+
+
+class Untraced(Tracer):
+    name = "no tracing"
+
+
+class Slotune(Tracer):
+    """A KernelCollector as the daemon runs it: collect() every second in a thread."""
+
+    def __init__(self, name: str, families: list[str] | None, watch: bool, stats: bool):
+        self.name, self.families, self.watch, self.stats = name, families, watch, stats
+
+    def start(self, target):
+        spec = (target.spec if self.watch else
+                ServiceSpec("nobody", cmdline=f"no-such-process-{uuid.uuid4().hex}"))
+        self.collector = KernelCollector(self.families)
+        self.collector.start([spec])
+        if not self.collector.up:
+            raise SystemExit(f"slotune probes did not load: {self.collector.start_error}")
+        self.halt = threading.Event()
+        self.ticker = threading.Thread(target=self._tick, daemon=True)
+        self.ticker.start()
+        self.before = program_stats(self.collector) if self.stats else {}
+
+    def _tick(self):
+        i = 0
+        while not self.halt.wait(1.0):
+            self.collector.collect(float(i), float(i + 1))
+            i += 1
+
+    def bpf_ns(self):
+        if not self.stats:
+            return {}
+        after = program_stats(self.collector)
+        return {fn: after[fn][0] - self.before.get(fn, (0, 0))[0] for fn in after} | \
+            {f"{fn} runs": after[fn][1] - self.before.get(fn, (0, 0))[1] for fn in after}
+
+    def stop(self):
+        self.halt.set()
+        self.ticker.join()
+        self.collector.close()
+
+
+class Bpftrace(Tracer):
+    name = "bpftrace syscall-latency histogram, server pid"
+
+    def start(self, target):
+        self.proc = subprocess.Popen(["bpftrace", "-e", BPFTRACE.format(pid=target.pid)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in self.proc.stdout:          # "Attaching 2 probes..." once it is in
+            if line.startswith("Attaching"):
+                return
+        raise SystemExit(f"bpftrace did not start (exit {self.proc.wait()})")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.communicate(timeout=30)
+
+
+def program_stats(collector) -> dict[str, tuple[int, int]]:
+    """fn -> (run_time_ns, run_cnt) of the collector's programs (kernel.bpf_stats_enabled)."""
+    ids = {}
+    for name, fn in collector.program.bpf.funcs.items():
+        info = Path(f"/proc/self/fdinfo/{fn.fd}").read_text()
+        for line in info.splitlines():
+            if line.startswith("prog_id:"):
+                ids[int(line.split()[1])] = name.decode() if isinstance(name, bytes) else name
+    out = {}
+    for p in json.loads(subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True,
+                                       text=True, check=True).stdout):
+        if p["id"] in ids:
+            out[ids[p["id"]]] = (p.get("run_time_ns", 0), p.get("run_cnt", 0))
+    return out
+
+
+@dataclass
+class Target:
+    """What the variants run against: one measured run returns requests/s and CPU per request."""
+    spec: ServiceSpec
+    pid: int
+    measure: object                     # () -> (requests/s, server CPU µs per request)
+
+
+def alternate(target: Target, tracers: list[Tracer], rounds: int) -> dict[str, list[Run]]:
+    """Per round: untraced, tracer 1, untraced, tracer 2, ..., untraced (the order of the
+    tracers rotates each round). Each traced run is kept with the untraced runs beside it."""
+    untraced = Untraced()
+    out: dict[str, list[tuple[Run, Run, Run]]] = {t.name: [] for t in tracers}
+    for r in range(rounds):
+        order = tracers[r % len(tracers):] + tracers[:r % len(tracers)]
+        before = Run(*target.measure())
+        for t in order:
+            t.start(target)
+            try:
+                run = Run(*target.measure())
+                run.bpf_ns = t.bpf_ns()
+            finally:
+                t.stop()
+            after = Run(*target.measure())
+            out[t.name].append((before, run, after))
+            before = after
+        print(f"  round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
+    out[untraced.name] = []
+    return out
+
+
+def report(title: str, results: dict, rounds: int) -> list[str]:
+    lines = [f"\n{title}", f"{'variant':<52} {'req/s vs untraced':>18} {'[min-max]':>13} "
+                           f"{'req/s':>8} {'CPU µs/req':>14}"]
+    base_rps = [b.rps for runs in results.values() for triple in runs for b in (triple[0], triple[2])]
+    base_cpu = [b.cpu_us for runs in results.values() for triple in runs for b in (triple[0], triple[2])]
+    lines.append(f"{'no tracing':<52} {'1.00':>18} {'':>13} {statistics.median(base_rps):>8.0f} "
+                 f"{statistics.median(base_cpu):>14.1f}")
+    for name, runs in results.items():
+        if not runs:
+            continue
+        rel = [run.rps / ((b.rps + a.rps) / 2) for b, run, a in runs]
+        cpu = statistics.median(run.cpu_us for _, run, _ in runs)
+        lines.append(f"{name:<52} {statistics.median(rel):>18.2f} {f'[{min(rel):.2f}-{max(rel):.2f}]':>13} "
+                     f"{statistics.median(r.rps for _, r, _ in runs):>8.0f} {cpu:>14.1f}")
+    for name, runs in results.items():
+        stats = [run for _, run, _ in runs if run.bpf_ns]
+        if not stats:
+            continue
+        lines.append(f"  {name}: kernel BPF run time per request (median of {len(stats)} rounds)")
+        fns = sorted({k for s in stats for k in s.bpf_ns if not k.endswith(" runs")})
+        total = 0.0
+        for fn in fns:
+            reqs = [s.rps for s in stats]
+            per_req = statistics.median(s.bpf_ns.get(fn, 0) / (s.rps * SECONDS[0]) for s in stats)
+            runs_per_req = statistics.median(s.bpf_ns.get(f"{fn} runs", 0) / (s.rps * SECONDS[0]) for s in stats)
+            total += per_req
+            if per_req >= 1:
+                ns_run = per_req / runs_per_req if runs_per_req else 0
+                lines.append(f"    {fn:<28} {per_req:>8.0f} ns/req  {runs_per_req:>6.2f} runs/req  "
+                             f"{ns_run:>5.0f} ns/run")
+            del reqs
+        lines.append(f"    {'total':<28} {total:>8.0f} ns/req")
+    return lines
+
+
+SECONDS = [5.0]   # one run's length; report() divides run times by the requests of one run
+
+
+def nginx_rounds(args, work: Path) -> list[str]:
+    server_cpu, client_cpu = (0, 1) if args.pin else (None, None)
+    nginx = Nginx(work, server_cpu)
+    out = []
+    try:
+        spec = ServiceSpec("nginx", port=nginx.port)   # the worker's command line names no config
+        for handler in (["static", "sleep"] if args.handler == "both" else [args.handler]):
+            url = nginx.url(handler)
+            wrk(url, 1, client_cpu)        # warm up
+
+            def measure():
+                c0 = cpu_s(nginx.worker)
+                rps = wrk(url, args.seconds, client_cpu)
+                return rps, 1e6 * (cpu_s(nginx.worker) - c0) / (rps * args.seconds)
+
+            tracers = [Slotune("slotune, all families, watching nginx", None, True, args.bpf_stats),
+                       Slotune("slotune, http only, watching nginx", ["http"], True, args.bpf_stats),
+                       Slotune("slotune, all families, watching nothing", None, False, args.bpf_stats),
+                       Bpftrace()]
+            results = alternate(Target(spec, nginx.worker, measure), tracers, args.rounds)
+            what = "1 KiB static file" if handler == "static" else "5 ms handler (echo_sleep)"
+            out += report(f"nginx 1.22, 1 worker, keep-alive, {what}, wrk -t1 -c16, {args.rounds} rounds x "
+                          f"{args.seconds:g} s, {'server on CPU 0, wrk on CPU 1' if args.pin else 'unpinned'}",
+                          results, args.rounds)
+    finally:
+        nginx.stop()
+    return out
+
+
+def gateway_rounds(args, work: Path) -> list[str]:
+    from reference_stack import launcher
+    from reference_stack.loadgen import closed_loop
+    cfg = launcher.StackConfig.on_free_ports(work / "stack")
+    state = launcher.start(cfg)
+    try:
+        gateway = state["pids"]["gateway"]
+        spec = ServiceSpec("gateway", cmdline="reference_stack gateway")
+        stack = [pid for name, pid in state["pids"].items() if name != "redis"]
+
+        def measure():
+            c0 = sum(cpu_s(p) for p in stack)
+            lat = asyncio.run(closed_loop(state["query_url"], 16, args.seconds, seed=0))
+            rps = len(lat) / args.seconds
+            return rps, 1e6 * (sum(cpu_s(p) for p in stack) - c0) / max(1, len(lat))
+
+        tracers = [Slotune("slotune, all families, watching the gateway", None, True, args.bpf_stats),
+                   Slotune("slotune, all families, watching nothing", None, False, args.bpf_stats),
+                   Bpftrace()]
+        results = alternate(Target(spec, gateway, measure), tracers, args.rounds)
+        return report(f"reference gateway (+ inference, tools), 16 closed-loop clients, {args.rounds} rounds x "
+                      f"{args.seconds:g} s; CPU µs/req is the whole stack's", results, args.rounds)
+    finally:
+        launcher.stop(cfg.run_dir)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.server_overhead", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seconds", type=float, default=5.0, help="length of one measured run")
+    ap.add_argument("--handler", choices=("static", "sleep", "both"), default="static")
+    ap.add_argument("--gateway", action="store_true", help="also the reference gateway")
+    ap.add_argument("--no-nginx", dest="nginx", action="store_false", help="only the gateway")
+    ap.add_argument("--no-pin", dest="pin", action="store_false", help="leave nginx and wrk unpinned")
+    ap.add_argument("--bpf-stats", action="store_true",
+                    help="kernel per-program run time (sysctl kernel.bpf_stats_enabled=1 while it runs)")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        raise SystemExit("run as root: loading BPF programs needs CAP_BPF+CAP_PERFMON")
+    for tool in ("nginx", "wrk", "bpftrace", "bpftool"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"{tool} is not installed (the project's setup installs it)")
+    SECONDS[0] = args.seconds
+    stats_was = Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip()
+    if args.bpf_stats:
+        Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    lines = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="slotune-server-overhead-") as tmp:
+            if args.nginx:
+                lines += nginx_rounds(args, Path(tmp))
+            if args.gateway:
+                lines += gateway_rounds(args, Path(tmp))
+    finally:
+        Path("/proc/sys/kernel/bpf_stats_enabled").write_text(stats_was)
+    print(f"server overhead, {started}, {os.cpu_count()} CPUs, load average at the end "
+          f"{os.getloadavg()[0]:.1f}; each traced run against the mean of the untraced runs beside it, "
+          f"medians over rounds [range]")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
