@@ -34,6 +34,7 @@ class Bounds:
     max: float
     max_step: float
     integer: bool = False    # pushed as a whole number (batch sizes, limits)
+    in_force: float | None = None   # a restart-only setting's value as started (it cannot be read back)
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,9 @@ def _recommend(file, r: _Reader, profile: profiles.Profile, control: Control | N
                 f"its settings: {has}" if has else f"{profile.name} is read-only for slotune, remove it")
                 + ("; to throttle it at a proxy in front, set admission_by" if not admission_by else ""))
         if not s.live:
+            if settings[name].in_force is None:
+                raise ConfigError(file, f"{key}.in_force", f"missing: {name} is restart-only on {profile.name} "
+                                  f"({s.target}), slotune cannot read it back; give the value it was started with")
             out[name] = s.target
         elif control is not None and control.kind != s.kind:
             raise ConfigError(file, r.key("control.kind"), f"profile {profile.name} pushes {name} through the "
@@ -374,7 +378,7 @@ def _settings(file, r: _Reader) -> dict[str, Bounds]:
             raise ConfigError(file, s.key("min"), f"min {lo} is above max {hi}")
         if step <= 0:
             raise ConfigError(file, s.key("max_step"), "must be > 0")
-        out[name] = Bounds(lo, hi, step, s.get("integer", bool, False))
+        out[name] = Bounds(lo, hi, step, s.get("integer", bool, False), s.get("in_force", float))
         s.done()
     return out
 

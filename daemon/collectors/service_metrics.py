@@ -1,7 +1,7 @@
 """Reads a service's own metrics each interval (Prometheus text, or nginx's
 stub_status page) and turns them into deltas: every histogram becomes a
 BucketHistogram, every counter a delta and every gauge a last value, keyed
-(family, "label=value,..."; a counter by its sample's name), for the families the
+(family, "label=value,..."; a counter by its _total name), for the families the
 service's profile reads only (daemon/profiles), handed on as the profile's signals.
 A service's answer is untrusted: a bad one costs that service its sample, never
 another's."""
@@ -66,7 +66,7 @@ def parse(text: str, wanted: Callable[[str], bool] = lambda name: True) -> Parse
             elif not math.isfinite(s.value):
                 continue
             elif family.type == "counter" and not s.name.endswith("_created"):
-                counters[key] = s.value     # by its sample's name: _total, or none (Triton's, TGI's)
+                counters[key] = s.value     # by its _total name, which the parser gives even to Triton's
             elif family.type == "gauge":
                 gauges[key] = s.value
     hists = {}

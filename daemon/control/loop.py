@@ -100,6 +100,8 @@ class ControlLoop:
                 continue
             if sc.actuator is not None and not self._refresh(sc, now):
                 continue
+            for setting in sc.conf.recommend:    # restart-only: in force is what it was started with
+                sc.settings.setdefault(setting, sc.conf.settings[setting].in_force)
             entries += self._judge(sc, interval)
             for tconf in due:
                 since = sc.last_decision.get(tconf.name, now - tconf.interval_s)

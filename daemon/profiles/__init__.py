@@ -72,14 +72,20 @@ class Gauge:
         return self.names
 
 
+def total(name: str) -> str:
+    """A counter's name as it is read: with _total, which the parser adds where the
+    product leaves it out (Triton, TGI)."""
+    return name if name.endswith("_total") else name + "_total"
+
+
 @dataclass(frozen=True)
 class Counter:
-    """A cumulative counter, as its samples are named (with or without _total)."""
+    """A cumulative counter, as the product's documentation names it."""
     name: str
     where: tuple[tuple[str, str], ...] = ()
 
     def families(self) -> tuple[str, ...]:
-        return (self.name,)
+        return (total(self.name),)
 
 
 @dataclass(frozen=True)
@@ -94,7 +100,7 @@ class Ratio:
     count: str = ""
 
     def families(self) -> tuple[str, ...]:
-        return tuple(f for f in (self.total, self.per, self.count) if f)
+        return tuple(total(f) for f in (self.total, self.per, self.count) if f)
 
 
 @dataclass(frozen=True)
@@ -171,7 +177,7 @@ class Profile:
                         out_g[key] = out_g.get(key, 0.0) + v * r.scale
             elif isinstance(r, Counter):
                 for (f, lab), v in counters.items():
-                    if f == r.name and _matches(lab, r.where):
+                    if f == total(r.name) and _matches(lab, r.where):
                         key = (fam, _without(lab, r.where))
                         out_c[key] = out_c.get(key, 0.0) + v
             elif isinstance(r, Ratio):
@@ -205,13 +211,13 @@ def summary(count: float, total: float) -> BucketHistogram:
 def _ratio(fam: str, r: Ratio, counters: dict) -> dict[Key, BucketHistogram]:
     out = {}
     for (f, lab), per in counters.items():
-        if f != r.per or per <= 0:
+        if f != total(r.per) or per <= 0:
             continue
-        total = counters.get((r.total, lab))
-        count = counters.get((r.count, lab), per) if r.count else per
-        if total is None or count is None or count <= 0:
+        added = counters.get((total(r.total), lab))
+        count = counters.get((total(r.count), lab)) if r.count else per
+        if added is None or count is None or count <= 0:
             continue
-        out[(fam, lab)] = summary(count, r.scale * total / per * count)
+        out[(fam, lab)] = summary(count, r.scale * added / per * count)
     return out
 
 
