@@ -174,11 +174,13 @@ def format_summary(s: dict) -> str:
             f"outcomes {s['outcomes']}  cache levels {s['cache']}")
 
 
-def write_csv(records: list[Record], path: Path) -> None:
+def write_csv(records: list, path: Path) -> None:
+    """One row per record (a Record, or llm/load.py's LlmRecord); a list field as space-separated numbers."""
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[fl.name for fl in fields(Record)])
+        w = csv.DictWriter(f, fieldnames=[fl.name for fl in fields(records[0])] if records else [])
         w.writeheader()
-        w.writerows(asdict(r) for r in records)
+        for r in records:
+            w.writerow({k: " ".join(f"{x:.6f}" for x in v) if isinstance(v, list) else v for k, v in asdict(r).items()})
 
 
 WORKLOADS = ("query", "llm")
@@ -250,6 +252,6 @@ def _run_llm(args) -> int:
     print(llm_load.format_llm_summary(llm_load.summarize_llm(records, args.duration, ms(args.slo_ttft_ms),
                                                              ms(args.slo_tpot_ms))))
     if args.csv:
-        llm_load.write_llm_csv(records, args.csv)
+        write_csv(records, args.csv)
         print(f"wrote {len(records)} rows to {args.csv}")
     return 0

@@ -106,7 +106,10 @@ class Engine:
     def _run(self, work: list[tuple[list[int], list | None]]) -> tuple[list[int], list]:
         chunks = [torch.tensor(ids, dtype=torch.long, device=self.device) for ids, _ in work]
         logits, caches = self.model.step_ragged(chunks, [layers for _, layers in work])
-        return logits.argmax(-1).tolist(), caches
+        sampled = logits.argmax(-1).tolist()          # waits for the device
+        if self.metrics.gpu_memory is not None:
+            self.metrics.gpu_memory.set(torch.cuda.memory_reserved(self.device))
+        return sampled, caches
 
     def _fail(self, chunks, message: str) -> None:
         with self.work:

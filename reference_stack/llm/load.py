@@ -6,12 +6,10 @@ kernel probes are checked against."""
 from __future__ import annotations
 
 import asyncio
-import csv
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 import aiohttp
@@ -184,12 +182,3 @@ def format_llm_summary(s: dict) -> str:
             f"P99 {ms('itl_p99_s')} ms; TPOT P50 {ms('tpot_p50_s')} ms P99 {ms('tpot_p99_s')} ms; "
             f"e2e P50 {ms('e2e_p50_s')} ms P99 {ms('e2e_p99_s')} ms\n"
             f"statuses {s['statuses']}, errors {s['errors']} (overflow {s['overflow']})")
-
-
-def write_llm_csv(records: list[LlmRecord], path: Path) -> None:
-    """One row per request; gaps_s as space-separated seconds."""
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[fl.name for fl in fields(LlmRecord)])
-        w.writeheader()
-        for r in records:
-            w.writerow({**asdict(r), "gaps_s": " ".join(f"{g:.6f}" for g in r.gaps_s)})

@@ -18,7 +18,7 @@ SEQ_COUNT_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512
 class LlmMetrics:
     """Registered when the server starts in LLM mode (the generate mode exports its own)."""
 
-    def __init__(self):
+    def __init__(self, cuda: bool):
         self.ttft = Histogram("inference_time_to_first_token_seconds",
                               "from a request's arrival to its first token", buckets=TOKEN_BUCKETS)
         self.itl = Histogram("inference_inter_token_latency_seconds",
@@ -42,6 +42,8 @@ class LlmMetrics:
                                           "(prefill chunks + decodes)", buckets=TOKEN_COUNT_BUCKETS)
         self.iteration_seqs = Histogram("inference_iteration_sequences", "sequences run per model step",
                                         buckets=SEQ_COUNT_BUCKETS)
+        self.gpu_memory = (Gauge("inference_gpu_memory_bytes", "CUDA memory the model server holds "
+                                 "(torch.cuda.memory_reserved)") if cuda else None)
         self.success = Counter("inference_request_success", "finished requests by why they ended",
                                ["finished_reason"])
 

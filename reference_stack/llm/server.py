@@ -68,7 +68,7 @@ def build_app(args, cfg: ModelConfig, device: torch.device, settings: Settings) 
     """settings: SETTINGS and the blocking_io_ms fault, with their values from --set."""
     generator = Generator(cfg, device)
     try:
-        engine = Engine(generator.model, device, settings, args.kv_cache_tokens, LlmMetrics())
+        engine = Engine(generator.model, device, settings, args.kv_cache_tokens, LlmMetrics(cuda=device.type == "cuda"))
     except ValueError as e:
         raise SystemExit(f"inference: --kv-cache-tokens: {e}") from None
     limits = Limits(args.served_model_name, cfg.max_prompt_tokens + cfg.max_new_tokens, args.kv_cache_tokens)

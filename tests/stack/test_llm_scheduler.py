@@ -9,39 +9,21 @@ import torch
 
 from reference_stack.llm.kv_cache import KVCache
 from reference_stack.llm.scheduler import Scheduler, Sequence
-from reference_stack.model import Generator, ModelConfig
+
+from .test_model import generator, recompute  # noqa: F401  (the fixture and the no-cache reference)
 
 
 @pytest.fixture(scope="module")
-def model():
-    """Large weights, so attention is sharp and any leak between sequences flips greedy tokens."""
-    torch.set_num_threads(1)
-    g = Generator(ModelConfig(d_model=64, n_layers=2, n_heads=4, max_prompt_tokens=32, max_new_tokens=16),
-                  torch.device("cpu"))
-    with torch.no_grad():
-        for p in g.model.parameters():
-            if p.dim() > 1:
-                p.normal_(std=0.3)
-    return g.model
+def model(generator):
+    """test_model's sharp-weighted decoder (context 32 + 8 tokens)."""
+    return generator.model
 
 
-def recompute(model, ids: list[int], steps: int) -> list[int]:
-    out = []
-    with torch.inference_mode():
-        for _ in range(steps):
-            x = torch.tensor([ids + out])
-            t = x.shape[1]
-            mask = torch.tril(torch.ones(t, t, dtype=torch.bool))[None, None]
-            logits, _ = model.step(x, torch.arange(t)[None], [None] * len(model.blocks), mask)
-            out.append(int(logits.argmax(-1)))
-    return out
-
-
-def serve(model, prompts: list[list[int]], steps: int, max_num_seqs: int, budget: int, kv_tokens: int):
+def serve(model, prompts: list[str], steps: int, max_num_seqs: int, budget: int, kv_tokens: int):
     """Run the scheduler and the ragged step to completion; (outputs, preemptions, step sizes)."""
     kv = KVCache(kv_tokens)
     sched = Scheduler(kv)
-    seqs = [Sequence(i, p, steps, arrived=float(i)) for i, p in enumerate(prompts)]
+    seqs = [Sequence(i, list(p.encode()), steps, arrived=float(i)) for i, p in enumerate(prompts)]
     for s in seqs:
         sched.add(s)
     sizes, now = [], 10.0
@@ -59,18 +41,18 @@ def serve(model, prompts: list[list[int]], steps: int, max_num_seqs: int, budget
     return [s.output for s in seqs], sum(s.preemptions for s in seqs), sizes
 
 
-PROMPTS = [list(b"hi"), list(b"what is the weather in Paris"), list(b"compute 12 + 30"), list(b"x" * 20)]
+PROMPTS = ["hi", "what is the weather in Paris", "compute 12 + 30", "x" * 20]
 
 
-def test_ragged_steps_with_chunked_prefill_equal_recomputing_each_prompt(model):
-    want = [recompute(model, p, 8) for p in PROMPTS]
+def test_ragged_steps_with_chunked_prefill_equal_recomputing_each_prompt(model, generator):
+    want = [recompute(generator, p, 8) for p in PROMPTS]
     outputs, preemptions, sizes = serve(model, PROMPTS, 8, max_num_seqs=4, budget=6, kv_tokens=1000)
     assert outputs == want and preemptions == 0
     assert max(t for _, t in sizes) == 6          # the 28-token prompt was prefilled in chunks of at most 6
 
 
-def test_preempted_sequences_recompute_to_the_same_tokens(model):
-    want = [recompute(model, p, 8) for p in PROMPTS]
+def test_preempted_sequences_recompute_to_the_same_tokens(model, generator):
+    want = [recompute(generator, p, 8) for p in PROMPTS]
     outputs, preemptions, _ = serve(model, PROMPTS, 8, max_num_seqs=4, budget=64, kv_tokens=40)
     assert outputs == want and preemptions > 0
 

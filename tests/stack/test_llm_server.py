@@ -247,3 +247,4 @@ def test_settings_are_checked_and_exported(llm):
     m = llm.metrics()
     assert ("inference_time_to_first_token_seconds_bucket", "0.001") in m
     assert ("inference_request_duration_seconds_count", "") not in m          # the generate mode's metrics
+    assert ("inference_gpu_memory_bytes", "") not in m                        # CUDA only

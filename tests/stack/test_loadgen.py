@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from reference_stack.corpus import CHITCHAT, QueryStream
-from reference_stack.llm.load import Lengths, prompt_text, run_llm_load, summarize_llm, write_llm_csv
+from reference_stack.llm.load import Lengths, prompt_text, run_llm_load, summarize_llm
 from reference_stack.loadgen import PROFILES, run_load, schedule, summarize, write_csv
 
 from .test_llm_server import llm  # noqa: F401  (the LLM-mode server, one per module)
@@ -126,7 +126,7 @@ def test_streaming_llm_load_agrees_with_the_servers_own_timing(llm, tmp_path):
     assert summary["statuses"] == {200: len(ok), 404: len(bad)}
     assert summarize_llm(records, 3, slo_ttft_s=0)["goodput_rps"] == 0
     path = tmp_path / "llm.csv"
-    write_llm_csv(records, path)
+    write_csv(records, path)
     rows = list(csv.DictReader(path.open()))
     assert len(rows) == len(records) and {"ttft_s", "gaps_s", "e2e_s", "status"} <= set(rows[0])
     assert sum(len(r["gaps_s"].split()) for r in rows) == sum(len(r.gaps_s) for r in records)
