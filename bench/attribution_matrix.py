@@ -5,8 +5,9 @@ under steady load, and prints the confusion matrix (injected fault x the root
 cause the gateway's attribution names), the injected cause's mean share and
 the time to detection.
 
-    python bench/attribution_matrix.py                 # 2 runs of each fault, about 8 minutes
-    python bench/attribution_matrix.py --runs 3 --faults cpu,queue --json /tmp/matrix.json
+    python bench/attribution_matrix.py                 # 2 runs of each fault, about 9 minutes
+    python bench/attribution_matrix.py --runs 5 --faults cpu,queue,surge --json /tmp/matrix.json
+    python bench/attribution_matrix.py --target uvicorn --runs 5   # a FastAPI app, eBPF only
 
 Needs root (eBPF, tc, a network namespace)."""
 from __future__ import annotations
@@ -15,17 +16,20 @@ import argparse
 import collections
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.faults_inject import matrix_faults  # noqa: E402
+from bench.faults_inject import app_faults, matrix_faults  # noqa: E402
 
 NETNS_FLAG = "SLOTUNE_BENCH_OWN_NETNS"
 TOOLS = ("search", "calculator", "weather")
@@ -45,6 +49,12 @@ def enter_own_netns() -> None:
     subprocess.run(["ip", "link", "set", "lo", "up", "mtu", "1500"], check=True)
 
 
+def daemon_table(exporter_port: int, work: Path) -> str:
+    """The daemon's own config: 1 s windows, its files under work, dry-run (the matrix only reads)."""
+    return (f'[daemon]\ncollect_interval_s = 1.0\nexporter_address = "127.0.0.1:{exporter_port}"\n'
+            f'baseline_store = "{work}/baselines.sqlite"\naudit_log = "{work}/audit.jsonl"\ndry_run = true\n\n')
+
+
 def write_config(path: Path, stack: dict, ports: dict, exporter_port: int, work: Path) -> None:
     run_dir = stack["run_dir"]
     urls = stack["urls"]
@@ -59,8 +69,7 @@ def write_config(path: Path, stack: dict, ports: dict, exporter_port: int, work:
             lines.append("peers = { " + ", ".join(f'"{p}" = "{n}"' for p, n in peers.items()) + " }")
         return "\n".join(lines) + "\n"
 
-    text = (f'[daemon]\ncollect_interval_s = 1.0\nexporter_address = "127.0.0.1:{exporter_port}"\n'
-            f'baseline_store = "{work}/baselines.sqlite"\naudit_log = "{work}/audit.jsonl"\ndry_run = true\n\n')
+    text = daemon_table(exporter_port, work)
     text += service("gateway", "gateway", "gateway_request_duration_seconds", ("sidecar", *TOOLS),
                     {ports["sidecar"]: "sidecar", **{ports[t]: t for t in TOOLS}})
     text += service("sidecar", "sidecar", "sidecar_request_duration_seconds", ("inference",),
@@ -103,8 +112,7 @@ class DaemonLoop:
             except Exception as exc:      # counted and reported: the loop (and the matrix) goes on
                 self.errors.append(f"{type(exc).__name__}: {exc}")
             self.step_cost.append(time.perf_counter() - t)
-            with self.daemon.lock:
-                self.steps.append((end, dict(self.daemon.metrics.attribution)))
+            self.steps.append((end, dict(self.daemon.metrics.attribution)))
             start = end
 
     def close(self) -> None:
@@ -114,7 +122,10 @@ class DaemonLoop:
 
 
 def share_of(explanations: dict, service: str, cause: str) -> float:
-    if service == "*" or service not in explanations:
+    """The cause's share of the service's growth; service "*": of whichever service it is largest in."""
+    if service == "*":
+        return max((share_of(explanations, s, cause) for s in explanations), default=0.0)
+    if service not in explanations:
         return 0.0
     shares = explanations[service].shares
     if cause == "*":
@@ -122,33 +133,46 @@ def share_of(explanations: dict, service: str, cause: str) -> float:
     return shares.get(cause, 0.0)
 
 
-def judge(fault, steps: list[tuple[float, dict]], t_on: float, settle: int) -> dict:
-    """One run: the windows while the fault was on, read as the user-facing gateway's attribution."""
-    on = [(end, ex) for end, ex in steps if end > t_on]
-    roots = [ex["gateway"].root_cause if "gateway" in ex else ("", "", 0.0) for _, ex in on]
-    correct = [fault.correct(svc, cause) for svc, cause, _ in roots]
-    tail = [ex["gateway"].growth_s > ex["gateway"].noise_s for _, ex in on if "gateway" in ex]
+def names_every_part(fault, exp) -> bool:
+    """Faults injected together: the explanation's dominant paths (top first, then the
+    others by share) end at each part's cause, in the parts' order."""
+    roots = [path[-1][:2] for path in (exp.path, *exp.also) if path]
+    return len(roots) >= len(fault.parts) and all(p.correct(*r) for p, r in zip(fault.parts, roots))
+
+
+def judge(fault, steps: list[tuple[float, dict]], t_on: float, settle: int, service: str = "gateway") -> dict:
+    """One run: the windows while the fault was on, read as the user-facing service's attribution."""
+    every = [ex for end, ex in steps if end > t_on and service in ex]     # each window: service -> Explanation
+    on = [(end, ex[service]) for end, ex in steps if end > t_on and service in ex]
     if not on:
         raise RuntimeError(f"{fault.name}: the daemon recorded no window while the fault was on")
-    steady = roots[settle:] or roots
+    roots = [exp.root_cause for _, exp in on]
+    together = bool(getattr(fault, "parts", ()))
+    correct = [names_every_part(fault, exp) if together else fault.correct(svc, cause)
+               for (_, exp), (svc, cause, _) in zip(on, roots)]
+    tail = [exp.growth_s > exp.noise_s for _, exp in on]
     # Every (service, cause) the fault counts as named under votes as its first one: a TLS handshake
-    # named at the gateway in one window and at the sidecar in the next is one answer.
-    canonical = ":".join(fault.expected[0])
+    # named at the gateway in one window and at the sidecar in the next is one answer. Faults
+    # injected together are named when every part is, in order.
+    canonical = "+".join(":".join(p.expected[0]) for p in fault.parts) if together else ":".join(fault.expected[0])
 
-    def label(service: str, cause: str) -> str:
-        return "none" if not service else canonical if fault.correct(service, cause) else f"{service}:{cause}"
-    reported = collections.Counter(label(s, c) for s, c, _ in steady).most_common(1)[0][0]
-    leaf = [max((share_of(ex, s, c) for s, c in fault.expected), default=0.0) for _, ex in on[settle:]]
+    def label(exp, ok: bool) -> str:
+        svc, cause, _ = exp.root_cause
+        return canonical if ok else "none" if not svc else f"{svc}:{cause}"
+    reported = collections.Counter(label(exp, ok) for (_, exp), ok in
+                                   list(zip(on, correct))[settle:] or zip(on, correct)).most_common(1)[0][0]
+    leaf = [max((share_of(ex, s, c) for s, c in fault.expected), default=0.0) for ex in every[settle:]]
     e2e = [share if ok else 0.0 for (_, _, share), ok in zip(roots[settle:], correct[settle:])]
-    top_shares = [max(ex["gateway"].shares.values(), default=0.0) for _, ex in on if "gateway" in ex]
+    top_shares = [max(exp.shares.values(), default=0.0) for _, exp in on]
     first_tail = tail.index(True) if True in tail else None
     first_ok = correct.index(True) if True in correct else None
-    return {"fault": fault.name, "reported": reported, "correct": fault.correct(*(reported.split(":", 1)
-                                                                                  if reported != "none" else ("", ""))),
+    named = reported == canonical if together else fault.correct(*(reported.split(":", 1) if reported != "none"
+                                                                    else ("", "")))
+    return {"fault": fault.name, "reported": reported, "correct": named,
             "leaf_share": sum(leaf) / len(leaf) if leaf else 0.0, "e2e_share": sum(e2e) / len(e2e) if e2e else 0.0,
             "max_top_share": max(top_shares, default=0.0), "windows": len(on),
             "tail_at": first_tail, "detected_at": first_ok,
-            "verdicts": [_detail(ex["gateway"]) for _, ex in on if "gateway" in ex]}
+            "verdicts": [_detail(exp) for _, exp in on]}
 
 
 def _detail(exp) -> str:
@@ -158,9 +182,9 @@ def _detail(exp) -> str:
             f"noise {exp.noise_s * 1e3:.1f} ms; rises " + ", ".join(f"{c} {r * 1e3:.2f}" for r, c in rises) + "]")
 
 
-def report(results: list[dict], faults) -> str:
+def report(results: list[dict], faults, service: str = "gateway") -> str:
     labels = sorted({r["reported"] for r in results} | {"none"})
-    lines = ["confusion matrix (rows: injected fault; columns: root cause the gateway's attribution names, "
+    lines = [f"confusion matrix (rows: injected fault; columns: root cause the {service}'s attribution names, "
              "most frequent over the fault's steady windows)", ""]
     width = max(len(x) for x in labels) + 2
     lines.append(f"{'injected':<10}" + "".join(f"{x:>{width}}" for x in labels))
@@ -188,29 +212,24 @@ def report(results: list[dict], faults) -> str:
     if faulty:
         lines.append(f"\ntop cause correct in {sum(r['correct'] for r in faulty)}/{len(faulty)} fault runs; "
                      f"injected cause's mean share {sum(r['leaf_share'] for r in faulty) / len(faulty):.0%} "
-                     f"where it lives, {sum(r['e2e_share'] for r in faulty) / len(faulty):.0%} of the gateway's growth")
+                     f"where it lives, {sum(r['e2e_share'] for r in faulty) / len(faulty):.0%} of the {service}'s growth")
     return "\n".join(lines)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=2, help="runs of each fault (default 2)")
-    ap.add_argument("--faults", default="", help="comma-separated subset: clean,cpu,network,tls,tool,queue,blocking")
-    ap.add_argument("--rate", type=float, default=25.0, help="offered load on the gateway, queries/s")
-    ap.add_argument("--baseline-s", type=float, default=15.0, help="clean seconds before each fault")
-    ap.add_argument("--fault-s", type=float, default=12.0, help="seconds each fault stays on")
-    ap.add_argument("--settle", type=int, default=2, help="fault windows skipped before judging the steady verdict")
-    ap.add_argument("--json", type=Path, default=None, help="also write every run's result here")
-    ap.add_argument("--verbose", action="store_true", help="print the gateway's verdict each window")
-    args = ap.parse_args()
-    if os.geteuid() != 0:
-        print("attribution_matrix: needs root (eBPF probes, tc, a network namespace)", file=sys.stderr)
-        return 2
-    enter_own_netns()
-    from daemon import config as config_mod
-    from reference_stack import launcher
+@dataclass
+class Target:
+    """What the matrix runs against: the service whose attribution is judged, where the
+    load goes, the faults, the daemon's config, and how to stop it all."""
+    service: str
+    query_url: str
+    faults: list
+    config: Path
+    stop: Callable[[], None]
 
-    work = Path(tempfile.mkdtemp(prefix="slotune-matrix-"))
+
+def reference_stack(args, work: Path) -> Target:
+    """The reference stack, judged at its gateway (services with metrics and eBPF)."""
+    from reference_stack import launcher
     ports = dict(zip(("gateway", "inference", "sidecar", "sidecar_admin", "redis", "exporter", *TOOLS),
                      launcher.free_ports(6 + len(TOOLS))))
     stack_cfg = launcher.StackConfig(
@@ -218,32 +237,90 @@ def main() -> int:
         sidecar_port=ports["sidecar"], sidecar_admin_port=ports["sidecar_admin"], redis_port=ports["redis"],
         tool_ports={t: ports[t] for t in TOOLS}, inference_args=SMALL_MODEL,
         settings={"gateway": {"llm_via_sidecar": True}, **QUIET_TOOLS}, startup_timeout_s=180.0)
-    t0 = time.time()
     stack = launcher.start(stack_cfg)
+    write_config(work / "slotune.toml", stack, ports, ports["exporter"], work)
+    return Target("gateway", stack["query_url"], matrix_faults(stack, ports["sidecar"], args.rate),
+                  work / "slotune.toml", lambda: launcher.stop(stack_cfg.run_dir))
+
+
+def uvicorn_app(args, work: Path) -> Target:
+    """A FastAPI app on uvicorn (bench/thirdparty_app.py) that exports no metrics: slotune
+    sees it through eBPF only."""
+    from reference_stack import launcher
+    port, exporter = launcher.free_ports(2)
+    app = subprocess.Popen([sys.executable, "-m", "uvicorn", "bench.thirdparty_app:app", "--port", str(port),
+                            "--workers", "1", "--no-access-log", "--log-level", "warning"], cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            if time.time() > deadline or app.poll() is not None:
+                app.kill()
+                raise RuntimeError("the uvicorn app did not start listening within 60 s")
+            time.sleep(0.2)
+    (work / "slotune.toml").write_text(
+        daemon_table(exporter, work) + f'[services.app]\ncmdline = "uvicorn bench.thirdparty_app:app --port {port}"\nport = {port}\n'
+        f'slo_p99_ms = 1000.0\n')
+
+    def stop() -> None:
+        app.kill()
+        app.wait()
+    return Target("app", url + "/query", app_faults(url, port, args.rate), work / "slotune.toml", stop)
+
+
+TARGETS = {"stack": reference_stack, "uvicorn": uvicorn_app}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", choices=TARGETS, default="stack",
+                    help="stack: the reference stack, judged at its gateway; uvicorn: a FastAPI app seen by eBPF only")
+    ap.add_argument("--runs", type=int, default=2, help="runs of each fault (default 2)")
+    ap.add_argument("--faults", default="", help="comma-separated subset of the target's faults (see --list)")
+    ap.add_argument("--rate", type=float, default=25.0, help="offered load, queries/s")
+    ap.add_argument("--baseline-s", type=float, default=15.0, help="clean seconds before each fault")
+    ap.add_argument("--fault-s", type=float, default=12.0, help="seconds each fault stays on")
+    ap.add_argument("--settle", type=int, default=2, help="fault windows skipped before judging the steady verdict")
+    ap.add_argument("--json", type=Path, default=None, help="also write every run's result here")
+    ap.add_argument("--verbose", action="store_true", help="print the judged service's verdict each window")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("attribution_matrix: needs root (eBPF probes, tc, a network namespace)", file=sys.stderr)
+        return 2
+    enter_own_netns()
+    from daemon import config as config_mod
+
+    work = Path(tempfile.mkdtemp(prefix="slotune-matrix-"))
+    t0 = time.time()
+    target = TARGETS[args.target](args, work)
     loop = load = None
-    faults = matrix_faults(stack, ports["sidecar"])
-    if args.faults:
-        wanted = args.faults.split(",")
-        unknown = set(wanted) - {f.name for f in faults}
-        if unknown:
-            raise SystemExit(f"--faults: unknown {', '.join(sorted(unknown))}; known: {', '.join(f.name for f in faults)}")
-        faults = [f for f in faults if f.name in wanted]
+    faults = target.faults
     results = []
     try:
+        if args.faults:
+            wanted = args.faults.split(",")
+            unknown = set(wanted) - {f.name for f in faults}
+            if unknown:
+                raise SystemExit(f"--faults: unknown {', '.join(sorted(unknown))}; "
+                                 f"known: {', '.join(f.name for f in faults)}")
+            faults = [f for f in faults if f.name in wanted]
         # The daemon before any query: the services open their pooled connections on the first
         # request, and the daemon owns a TCP connection only if it saw the connect (bpf/tcp.bpf.c).
-        write_config(work / "slotune.toml", stack, ports, ports["exporter"], work)
-        loop = DaemonLoop(config_mod.load(work / "slotune.toml"))
+        loop = DaemonLoop(config_mod.load(target.config))
         loop.start()
         total = 30 + args.runs * len(faults) * (args.baseline_s + args.fault_s) + 30
-        load = subprocess.Popen([sys.executable, "-m", "reference_stack", "load", "--url", stack["query_url"],
+        load = subprocess.Popen([sys.executable, "-m", "reference_stack", "load", "--url", target.query_url,
                                  "--rate", str(args.rate), "--duration", str(total)], cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        print(f"stack up in {time.time() - t0:.0f} s; warming up 20 s", flush=True)
+        print(f"{args.target} up in {time.time() - t0:.0f} s; warming up 20 s", flush=True)
         time.sleep(20)
         for run in range(args.runs):
             for fault in faults:
                 time.sleep(args.baseline_s)
+                fault.prepare()
                 t_on = time.time()
                 fault.inject()
                 try:
@@ -251,10 +328,10 @@ def main() -> int:
                 finally:
                     fault.remove()
                 steps = [s for s in loop.steps if t_on < s[0] <= t_on + args.fault_s + 0.5]
-                r = judge(fault, steps, t_on, args.settle)
+                r = judge(fault, steps, t_on, args.settle, target.service)
                 r["run"] = run
                 results.append(r)
-                print(f"run {run + 1} {fault.name:<9} -> {r['reported']:<32} leaf share {r['leaf_share']:.0%} "
+                print(f"run {run + 1} {fault.name:<10} -> {r['reported']:<40} leaf share {r['leaf_share']:.0%} "
                       f"detected at window {r['detected_at']} (tail at {r['tail_at']})", flush=True)
                 if args.verbose:
                     print("   " + "\n   ".join(r["verdicts"]))
@@ -264,9 +341,9 @@ def main() -> int:
             load.wait()
         if loop is not None:
             loop.close()
-        launcher.stop(stack_cfg.run_dir)
+        target.stop()
     print()
-    print(report(results, faults))
+    print(report(results, faults, target.service))
     costs = sorted(loop.step_cost)
     print(f"\ndaemon step (collect + windows + attribution of {len(loop.daemon.cfg.services)} services): "
           f"median {costs[len(costs) // 2] * 1e3:.1f} ms, p95 {costs[int(len(costs) * 0.95)] * 1e3:.1f} ms")

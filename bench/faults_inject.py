@@ -1,7 +1,8 @@
 """The faults the attribution matrix injects into a running reference stack,
 one at a time, each with the cause attribution should name. Every fault is a
 real one: CPU hogs, a shaped network queue, settings pushed through the
-stack's control API. inject() and remove() leave the stack as they found it."""
+stack's control API, more load, a noisy neighbour, two at once. inject() and
+remove() leave the stack as they found it."""
 from __future__ import annotations
 
 import json
@@ -32,6 +33,9 @@ class Fault:
     what: str                          # how it is made, for the README
     expected: tuple[tuple[str, str], ...]   # (service, cause) pairs that count as naming it
     stack: dict = field(default_factory=dict)
+
+    def prepare(self) -> None:
+        """Whatever takes time before the fault can start at once (called before inject)."""
 
     def inject(self) -> None:
         pass
@@ -213,8 +217,93 @@ class NetworkQueue(Fault):
         self.threads = []
 
 
-def matrix_faults(stack: dict, sidecar_port: int) -> list[Fault]:
-    """The faults of the matrix, clean first, for a stack started with llm_via_sidecar on."""
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Surge(Fault):
+    """More queries than usual: a second open-loop load generator (reference_stack's own)
+    sending `rate` more queries a second to `url` while the fault is on."""
+    url: str = ""
+    rate: float = 0.0
+    proc: subprocess.Popen | None = None
+
+    def prepare(self) -> None:
+        # The generator's imports take seconds on a busy host: done before the fault starts.
+        code = ("import sys\nfrom reference_stack.loadgen import run_load\nprint('ready', flush=True)\n"
+                f"sys.stdin.readline()\nrun_load({self.url!r}, {self.rate!r}, 3600.0)\n")
+        self.proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("the surge's load generator did not start")
+
+    def inject(self) -> None:
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def remove(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+@dataclass
+class NoisyNeighbour(Fault):
+    """An unrelated CPU-heavy job on the same cores: one busy loop per CPU at nice 0,
+    each in a session of its own, not a service and not pinned (a batch job, a build,
+    another tenant)."""
+    procs: list = field(default_factory=list)
+
+    def inject(self) -> None:
+        self.procs = [subprocess.Popen([sys.executable, "-c", HOG], start_new_session=True)
+                      for _ in range(os.cpu_count() or 1)]
+
+    def remove(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait()
+        self.procs = []
+
+
+@dataclass
+class Together(Fault):
+    """Several faults at once; `parts` in the order of the share of the tail each should
+    get, largest first: the verdict must name every one, in that order."""
+    parts: tuple[Fault, ...] = ()
+
+    def prepare(self) -> None:
+        for f in self.parts:
+            f.prepare()
+
+    def inject(self) -> None:
+        for f in self.parts:
+            f.inject()
+
+    def remove(self) -> None:
+        for f in reversed(self.parts):
+            f.remove()
+
+    def correct(self, service: str, cause: str) -> bool:
+        return self.parts[0].correct(service, cause)
+
+
+def matrix_faults(stack: dict, sidecar_port: int, rate: float) -> list[Fault]:
+    """The faults of the matrix, clean first, for a stack started with llm_via_sidecar on
+    and loaded with `rate` queries a second."""
+    faults = _stack_faults(stack, sidecar_port)
+    by_name = {f.name: f for f in faults}
+    return [*faults,
+            Surge("surge", f"a second load generator: {2 * rate:g} more queries a second (3x the load)",
+                  (("*", "offered_load"),), stack, url=stack["query_url"], rate=2 * rate),
+            NoisyNeighbour("neighbour", "one busy loop per CPU at nice 0, unrelated to any service",
+                           (("*", "runqueue_wait"),), stack),
+            Together("tool+queue", "the tool and the queue faults at once (the tool's 400 ms tail first, "
+                                   "the queue's 150 ms second)",
+                     by_name["tool"].expected, stack, parts=(by_name["tool"], by_name["queue"]))]
+
+
+def _stack_faults(stack: dict, sidecar_port: int) -> list[Fault]:
     return [
         Fault("clean", "no fault", (("", ""),), stack),
         CpuContention("cpu", "inference pinned to CPU 1 at nice 9 (threads and autogroup) beside a busy loop at nice 0",
@@ -235,4 +324,38 @@ def matrix_faults(stack: dict, sidecar_port: int) -> list[Fault]:
         SettingFault("blocking", "gateway blocking_io_ms=25: write+fsync+sleep on the event loop per request",
                      (("gateway", "blocking_syscalls"),), stack,
                      target="gateway", fault={"blocking_io_ms": 25.0}, normal={"blocking_io_ms": 0.0}),
+    ]
+
+
+@dataclass
+class AppSleep(Fault):
+    """bench/thirdparty_app.py's event loop blocked in a sleep syscall for `ms` per request."""
+    url: str = ""
+    ms: float = 0.0
+
+    def _set(self, ms: float) -> None:
+        req = urllib.request.Request(self.url + "/fault", data=json.dumps({"sleep_ms": ms}).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(req, timeout=5) as r:
+            r.read()
+
+    def inject(self) -> None:
+        self._set(self.ms)
+
+    def remove(self) -> None:
+        self._set(0.0)
+
+
+def app_faults(url: str, port: int, rate: float) -> list[Fault]:
+    """The faults for a third-party app watched by eBPF only (bench/thirdparty_app.py on uvicorn)."""
+    return [
+        Fault("clean", "no fault", (("", ""),)),
+        NoisyNeighbour("neighbour", "one busy loop per CPU at nice 0, unrelated to the app",
+                       (("app", "runqueue_wait"),)),
+        Surge("surge", f"a second load generator: {2 * rate:g} more requests a second (3x the load)",
+              (("app", "offered_load"),), url=url + "/query", rate=2 * rate),
+        AppSleep("blocking", "a 10 ms sleep syscall on the event loop per request", (("app", "blocking_syscalls"),),
+                 url=url, ms=10.0),
+        NetworkQueue("network", "the app's traffic through a 4 Mbit TBF (100 KB) shared with a bulk TCP flow",
+                     (("app", "network_rtt"), ("app", "retransmits")), port=port),
     ]
