@@ -90,9 +90,9 @@ class Server:
         assert status == 200, body
 
     def metrics(self) -> dict[tuple[str, str], float]:
-        """(sample name, its le label or "") -> value."""
+        """(sample name, its label values joined by commas: the le of a bucket, "" when none) -> value."""
         text = urllib.request.urlopen(self.url + "/metrics", timeout=10).read().decode()
-        return {(s.name, s.labels.get("le", "")): s.value
+        return {(s.name, ",".join(s.labels.values())): s.value
                 for family in text_string_to_metric_families(text) for s in family.samples}
 
 
@@ -182,6 +182,26 @@ def test_a_full_kv_cache_preempts_and_every_request_completes(llm):
     m = llm.metrics()
     assert m[("inference_num_preemptions_total", "")] > before
     assert m[("inference_kv_cache_usage_ratio", "")] == 0 and m[("inference_num_requests_running", "")] == 0
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_place(llm):
+    before = llm.metrics()
+    conn = http.client.HTTPConnection("127.0.0.1", llm.port, timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": "bye", "max_tokens": 250,
+                                                        "stream": True}), {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    while response.readline() != b"\n":          # the first event's blank line: it is decoding
+        pass
+    conn.sock.shutdown(2)
+    conn.close()
+    deadline = time.monotonic() + 20
+    aborted = lambda m: m.get(("inference_request_success_total", "abort"), 0)
+    while aborted(llm.metrics()) == aborted(before):
+        assert time.monotonic() < deadline, "the server kept decoding for a client that left"
+        time.sleep(0.05)
+    after = llm.metrics()
+    assert after[("inference_num_requests_running", "")] == 0 and after[("inference_kv_cache_usage_ratio", "")] == 0
+    assert after[("inference_generation_tokens_total", "")] - before[("inference_generation_tokens_total", "")] < 250
 
 
 def test_priority_policy_serves_the_lower_priority_value_first(llm, settings_restored):
