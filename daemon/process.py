@@ -232,10 +232,10 @@ class Daemon:
         if entries:
             self._save_guards()
         self.sinks.decided(entries)
-        self.sinks.tick(end)
         view = self._view(explained)
         self.metrics.observe(built, entries, view)
         self.recorder.record(interval, names)
+        self.sinks.tick(end)        # after this tick's metrics: a snapshot over OTLP includes it
         self.shown = self._status(interval, view)
 
     def _save_guards(self) -> None:

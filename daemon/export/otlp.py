@@ -21,20 +21,30 @@ TIMEOUT_S = 5.0
 SCOPE = "slotune"
 EVENT = "slotune.decision"
 WARN = frozenset({Outcome.ROLLED_BACK, Outcome.ROLLBACK_FAILED, Outcome.REFUSED})
-# The exporters' own loggers: what they say about a failed export is kept for our one line.
-EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.http._log_exporter",
-                    "opentelemetry.exporter.otlp.proto.http.metric_exporter")
+# The exporters' own loggers: what they say about a failed export goes into our one line.
+LOGS_LOGGER = "opentelemetry.exporter.otlp.proto.http._log_exporter"
+METRICS_LOGGER = "opentelemetry.exporter.otlp.proto.http.metric_exporter"
 
 
-class _LastWord:
-    """A logging filter that keeps the last thing a logger said and lets nothing through."""
+class _FirstWord:
+    """A logging filter that keeps the first thing a logger said since the last clear() (the
+    cause, before the retries' story) and lets nothing through: the sink says it once."""
 
     def __init__(self):
         self.text = ""
 
+    def clear(self) -> None:
+        self.text = ""
+
     def filter(self, record) -> bool:
-        self.text = record.getMessage()
+        self.text = self.text or record.getMessage()
         return False
+
+
+# One per logger for the process (a filter that says False ends the logger's chain).
+_SAID = {name: _FirstWord() for name in (LOGS_LOGGER, METRICS_LOGGER)}
+for _name, _filter in _SAID.items():
+    logging.getLogger(_name).addFilter(_filter)
 
 
 def resource_attributes(environment: str) -> dict[str, str]:
@@ -74,11 +84,11 @@ def _metric(fam, start_ns: int, now_ns: int):
                                                   NumberDataPoint, Sum)
     cumulative = AggregationTemporality.CUMULATIVE
     if fam.type in ("gauge", "info", "unknown"):
-        points = [NumberDataPoint(s.labels, 0, now_ns, s.value) for s in fam.samples
+        points = [NumberDataPoint(s.labels, 0, now_ns, float(s.value)) for s in fam.samples
                   if s.name in (fam.name, fam.name + "_info") and math.isfinite(s.value)]
         data = Gauge(points)
     elif fam.type == "counter":
-        points = [NumberDataPoint(s.labels, start_ns, now_ns, s.value) for s in fam.samples
+        points = [NumberDataPoint(s.labels, start_ns, now_ns, float(s.value)) for s in fam.samples
                   if s.name == fam.name + "_total"]
         data = Sum(points, cumulative, True)
     elif fam.type == "histogram":
@@ -124,9 +134,7 @@ class OtlpExport:
         self.resource = Resource.create(resource_attributes(environment))
         self.scope = InstrumentationScope(SCOPE, self.resource.attributes.get("service.version"))
         self.started_ns, self.last_metrics = time.time_ns(), -math.inf
-        self.said = _LastWord()
-        for name in EXPORTER_LOGGERS:
-            logging.getLogger(name).addFilter(self.said)
+        self.said = {name: _SAID[name] for name in (LOGS_LOGGER, METRICS_LOGGER)}
         self.log_exporter = OTLPLogExporter(endpoint=f"{base}/v1/logs", timeout=TIMEOUT_S)
         self.metric_exporter = OTLPMetricExporter(endpoint=f"{base}/v1/metrics", timeout=TIMEOUT_S)
         self.decisions = Outbox("otlp_logs", f"{base}/v1/logs", self._send_decisions, counters)
@@ -146,15 +154,17 @@ class OtlpExport:
 
     def _send_decisions(self, batch: list[Entry]) -> None:
         records = [decision_record(e, self.resource, self.scope) for e in batch]
-        self._check(self.log_exporter.export(records))
+        self._check(LOGS_LOGGER, lambda: self.log_exporter.export(records))
 
     def _send_metrics(self, batch: list[float]) -> None:
         data = metrics_data(self.registry.collect(), self.resource, self.scope, self.started_ns, time.time_ns())
-        self._check(self.metric_exporter.export(data))
+        self._check(METRICS_LOGGER, lambda: self.metric_exporter.export(data))
 
-    def _check(self, result) -> None:
-        if result.name != "SUCCESS":
-            raise ConnectionError(self.said.text or "the endpoint did not take the batch")
+    def _check(self, logger: str, export) -> None:
+        """export(), raising with what its exporter said when it fails."""
+        self.said[logger].clear()
+        if export().name != "SUCCESS":
+            raise ConnectionError(self.said[logger].text or "the endpoint did not take the batch")
 
     def close(self) -> None:
         for outbox in (self.decisions, self.metrics):
@@ -162,8 +172,6 @@ class OtlpExport:
                 outbox.close()
         self.log_exporter.shutdown()
         self.metric_exporter.shutdown()
-        for name in EXPORTER_LOGGERS:
-            logging.getLogger(name).removeFilter(self.said)
 
 
 def start(conf, environment: str, registry, counters: ExportCounters) -> OtlpExport | None:

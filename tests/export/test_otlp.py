@@ -1,0 +1,159 @@
+"""Metrics and decisions over OTLP/HTTP, against a stand-in for an OpenTelemetry Collector (none
+can be installed here) that takes only what the OTLP specification's OTLP/HTTP section asks
+(open-telemetry/opentelemetry-proto docs/specification.md; https://opentelemetry.io/docs/specs/otlp/#otlphttp):
+POST to /v1/metrics and /v1/logs, Content-Type application/x-protobuf, the body an
+ExportMetricsServiceRequest / ExportLogsServiceRequest, answered 200 with the matching
+Export*ServiceResponse in the same encoding. It decodes the bodies with the protobuf classes
+of opentelemetry-proto (installed with the exporter), and the test compares what arrived
+with the daemon's own /metrics and audit log."""
+import logging
+import socket
+import sys
+import time
+
+import pytest
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (ExportLogsServiceRequest,
+                                                                    ExportLogsServiceResponse)
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (ExportMetricsServiceRequest,
+                                                                          ExportMetricsServiceResponse)
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client import generate_latest
+
+from daemon.control.audit import Outcome
+from daemon.export import sinks
+from reference_stack.launcher import free_ports
+from tests.export.conftest import Listener, metric_value, steps, wait_for
+
+SIGNALS = {"/v1/metrics": (ExportMetricsServiceRequest, ExportMetricsServiceResponse),
+           "/v1/logs": (ExportLogsServiceRequest, ExportLogsServiceResponse)}
+
+
+class Collector:
+    """The stand-in: decoded requests by path."""
+
+    def __init__(self):
+        self.got = {path: [] for path in SIGNALS}
+        self.refused: list[str] = []
+        self.server = Listener(self.answer)
+        self.url = self.server.url
+
+    def answer(self, method, path, headers, body):
+        if method != "POST" or path not in SIGNALS:
+            self.refused.append(f"{method} {path}")
+            return 404, {}, b""
+        if headers.get("Content-Type") != "application/x-protobuf":
+            self.refused.append(f"{path}: Content-Type {headers.get('Content-Type')}")
+            return 415, {}, b""
+        request, response = SIGNALS[path]
+        self.got[path].append(request.FromString(body))
+        return 200, {"Content-Type": "application/x-protobuf"}, response().SerializeToString()
+
+    def metrics(self) -> dict:
+        """name -> the last Metric of that name received."""
+        return {m.name: m for req in self.got["/v1/metrics"] for rm in req.resource_metrics
+                for sm in rm.scope_metrics for m in sm.metrics}
+
+    def log_records(self) -> list:
+        return [r for req in self.got["/v1/logs"] for rl in req.resource_logs for sl in rl.scope_logs
+                for r in sl.log_records]
+
+
+def attrs(kv_list) -> dict:
+    out = {}
+    for kv in kv_list:
+        kind = kv.value.WhichOneof("value")
+        out[kv.key] = getattr(kv.value, kind)
+    return out
+
+
+@pytest.fixture
+def collector():
+    c = Collector()
+    yield c
+    c.server.close()
+
+
+def otlp_to(url: str) -> str:
+    return f"""
+        [export]
+        otlp_endpoint = "{url}"
+        otlp_metrics_interval_s = 1
+        """
+
+
+def test_metrics_and_decisions_arrive_as_the_otlp_requests(make_daemon, collector):
+    daemon, latency = make_daemon(otlp_to(collector.url))
+    clock = [time.time()]
+    latency.p99_s = 0.5                                   # over the SLO: a pushed decision
+    entries = steps(daemon, clock, 3)
+    pushed = [e for e in entries if e.outcome == Outcome.PUSHED]
+    assert pushed
+    wait_for(lambda: len(collector.log_records()) == len(pushed) and collector.got["/v1/metrics"],
+             "the decisions and a metrics snapshot at the stand-in")
+    assert not collector.refused, collector.refused
+
+    for req in collector.got["/v1/metrics"] + collector.got["/v1/logs"]:
+        for envelope in list(getattr(req, "resource_metrics", [])) + list(getattr(req, "resource_logs", [])):
+            resource = attrs(envelope.resource.attributes)
+            assert resource["service.name"] == "slotune" and resource["host.name"] == socket.gethostname()
+            assert resource["deployment.environment.name"] == "export-test"
+
+    # The metrics: a snapshot taken after the last interval, against what /metrics serves now.
+    before = len(collector.got["/v1/metrics"])
+    daemon.sinks.tick(clock[0] + 60)
+    wait_for(lambda: len(collector.got["/v1/metrics"]) > before, "a fresh snapshot")
+    metrics = collector.metrics()
+    scraped = {f.name: f for f in text_string_to_metric_families(generate_latest(daemon.registry).decode())}
+    assert {"slotune_service_requests", "slotune_service_latency_seconds", "slotune_tuner_decisions",
+            "slotune_http_request_duration_seconds", "slotune_collector_up", "slotune_setting_value"} <= set(metrics)
+    requests = metrics["slotune_service_requests"]
+    assert requests.WhichOneof("data") == "sum" and requests.sum.is_monotonic
+    assert requests.sum.aggregation_temporality == 2                     # cumulative
+    assert requests.sum.data_points[0].as_double == scraped["slotune_service_requests"].samples[0].value > 0
+    decisions = {attrs(p.attributes)["outcome"]: p.as_double for p in metrics["slotune_tuner_decisions"].sum.data_points}
+    assert decisions.get("pushed", 0) >= 1
+    assert metrics["slotune_service_latency_seconds"].WhichOneof("data") == "gauge"
+    hist = metrics["slotune_http_request_duration_seconds"].histogram.data_points[0]
+    assert sum(hist.bucket_counts) == hist.count > 0 and len(hist.bucket_counts) == len(hist.explicit_bounds) + 1
+    assert list(hist.explicit_bounds) == sorted(hist.explicit_bounds)
+    setting = metrics["slotune_setting_value"].gauge.data_points[0]
+    assert attrs(setting.attributes) == {"service": "api", "setting": "rate_limit_rps"}
+
+    # The decisions: one log record each, its fields those of the audit line.
+    for entry, record in zip(pushed, collector.log_records()):
+        fields = attrs(record.attributes)
+        assert record.event_name == "slotune.decision" and record.time_unix_nano == round(entry.t * 1e9)
+        assert record.severity_text == "INFO" and f"{entry.old} -> {entry.new}" in record.body.string_value
+        assert fields == {"slotune.service": "api", "slotune.tuner": "throttle", "slotune.setting": "rate_limit_rps",
+                          "slotune.outcome": "pushed", "slotune.old": entry.old, "slotune.new": entry.new,
+                          "slotune.reason": entry.reason, "slotune.decision": entry.decision}
+    assert metric_value(daemon, "slotune_export_sent_total", sink="otlp_logs") == len(pushed)
+    print(f"OTLP metrics: {len(metrics)} families; decision log: {collector.log_records()[0].body.string_value}")
+
+
+def test_a_collector_that_is_down_is_counted_said_once_and_the_loop_goes_on(make_daemon, caplog):
+    caplog.set_level(logging.INFO, logger="daemon.export.sinks")
+    url = f"http://127.0.0.1:{free_ports(1)[0]}"
+    daemon, latency = make_daemon(otlp_to(url))
+    clock = [time.time()]
+    latency.p99_s = 0.5
+    began = time.monotonic()
+    steps(daemon, clock, 4)
+    assert time.monotonic() - began < 3.0
+    wait_for(lambda: metric_value(daemon, "slotune_export_failed_total", sink="otlp_logs") >= 1
+             and metric_value(daemon, "slotune_export_failed_total", sink="otlp_metrics") >= 1, "counted failures",
+             timeout_s=20)
+    said = [r.getMessage() for r in caplog.records if "export otlp" in r.getMessage() and "failed" in r.getMessage()]
+    assert len(said) == 2 and all(url in s and "Connection refused" in s for s in said), said   # once per signal
+
+
+def test_without_the_otlp_extra_one_line_says_so_and_the_rest_runs(make_daemon, caplog, monkeypatch):
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http", None)   # as if not installed
+    caplog.set_level(logging.INFO, logger="daemon.export.otlp")
+    daemon, latency = make_daemon(otlp_to("http://collector.example:4318"))
+    assert daemon.sinks.sinks == []
+    said = [r for r in caplog.records if r.name == "daemon.export.otlp"]
+    assert len(said) == 1 and "pip install 'slotune[otlp]'" in said[0].getMessage()
+    latency.p99_s = 0.5
+    assert any(e.outcome == Outcome.PUSHED for e in steps(daemon, [time.time()], 2))
+    assert isinstance(daemon.sinks, sinks.Sinks)
