@@ -351,3 +351,11 @@ def test_more_load_without_a_tail_is_no_cause():
     ws = history(faulty=[((0, 200, 0, 0, 0, 0, 0), {})] * 2)
     e = explain("svc", {"svc": ws})
     assert e.top_cause == "" and e.shares.get("offered_load", 0.0) == 0.0
+
+
+def test_every_dominant_cause_is_named_in_order_of_share():
+    ws = history(faulty=[(SLOW_TAIL, {"runqueue_s": 20.001, "blocking_s": 60.001})])
+    e = explain("svc", {"svc": ws}, recent_s=1.0)
+    assert e.path[-1][1] == "blocking_syscalls" and [p[-1][1] for p in e.also] == ["runqueue_wait"]
+    assert e.verdict.endswith(": 75 % blocking_syscalls; 25 % runqueue_wait")
+    assert e.as_status()["also"] == [[["svc", "runqueue_wait", pytest.approx(0.25)]]]

@@ -86,6 +86,7 @@ class Explanation:
     evidence: dict[str, dict] = field(default_factory=dict)       # cause -> signal, baseline, recent, credited_s
     downstream: dict[str, "Explanation"] = field(default_factory=dict)
     path: list[tuple[str, str, float]] = field(default_factory=list)  # (service, cause, share) to the root cause
+    also: list[list[tuple[str, str, float]]] = field(default_factory=list)  # the paths of other dominant causes
 
     @property
     def growth_s(self) -> float:
@@ -110,7 +111,8 @@ class Explanation:
     def as_status(self) -> dict:
         return {"verdict": self.verdict, "top_cause": self.top_cause, "shares": self.shares,
                 "confidence": self.confidence, "evidence": self.evidence,
-                "path": [list(p) for p in self.path], "excess_s": self.excess_s, "growth_s": self.growth_s,
+                "path": [list(p) for p in self.path], "also": [[list(p) for p in path] for path in self.also],
+                "excess_s": self.excess_s, "growth_s": self.growth_s,
                 "usual_tail_s": self.usual_tail_s,
                 "moved": self.moved,
                 "jitter_s": self.jitter_s, "jitter_shares": self.jitter_shares}
@@ -438,13 +440,19 @@ def _conclude(exp: Explanation, attributable: float, noise: float, total_rise: f
         exp.confidence = 1.0 - top_share / DOMINANT_SHARE
         return
     exp.top_cause = top
-    exp.path = [(exp.service, top, top_share)]
-    if top.startswith("downstream:"):
-        child = exp.downstream[top.split(":", 1)[1]]
-        exp.path += child.path
+    exp.path = _path(exp, top, top_share)
+    exp.also = [_path(exp, cause, share) for cause, share in ranked[1:] if share > DOMINANT_SHARE]
     significance = min(attributable / max(noise, 1e-9), 1.0)
     dominance = (top_share - second) / top_share
     coverage = min(total_rise / attributable, 1.0) if attributable > 0 else 0.0
     exp.confidence = significance * (0.5 + 0.5 * dominance) * (0.5 + 0.5 * coverage)
-    steps = " → ".join(f"{s * 100:.0f} % {c.removeprefix('downstream:')}" for _, c, s in exp.path)
-    exp.verdict = f"{head}: {steps}"
+    exp.verdict = f"{head}: " + "; ".join(" → ".join(f"{s * 100:.0f} % {c.removeprefix('downstream:')}"
+                                                   for _, c, s in path) for path in (exp.path, *exp.also))
+
+
+def _path(exp: Explanation, cause: str, share: float) -> list[tuple[str, str, float]]:
+    """(service, cause, share) from this service down to where the cause lives."""
+    path = [(exp.service, cause, share)]
+    if cause.startswith("downstream:"):
+        path += exp.downstream[cause.split(":", 1)[1]].path
+    return path
