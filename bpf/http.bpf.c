@@ -1,9 +1,32 @@
-/* HTTP/1.x request latency per service, without touching the server's code:
- * a request is the span from the first read that returns data on an accepted
- * connection (and starts like a request line) to the next write on it (the
- * response). Connections are tracked per (process, fd) from accept()/accept4()
- * by a watched task, so a request read in one thread and answered in another
- * still counts; close() forgets them. */
+/* HTTP/1.x per service, without touching the server's code. Connections are
+ * tracked per (process, fd) from accept()/accept4() by a watched task, so a
+ * request read in one thread and answered in another still counts. A request
+ * starts at the first read that returns data (on a new connection, only if it
+ * starts like a request line); its response is every write after that, until
+ * the next request's read, end of file or close(). Per response:
+ *   http_status/<class>  its status line's class ("HTTP/1.1 404" -> 4xx), read
+ *                        from its first write, which must be one (a 1xx interim
+ *                        response is skipped; a connection that answers with
+ *                        anything else is forgotten);
+ *   http_first_byte      request to the first write of body bytes: a write that
+ *                        holds only the header block (ends in CRLF CRLF) waits
+ *                        for the next, as a streaming server sends its headers
+ *                        before its first token; a response with no body gets
+ *                        its header write;
+ *   http_write_gap       each gap between two body writes (chunks, SSE events,
+ *                        tokens); a write of the chunked terminator alone
+ *                        ("0\r\n\r\n", by write() or a one-iovec writev()) ends
+ *                        the body and is no chunk;
+ *   http_request         request to the response's last write (the whole
+ *                        response), recorded when the response is over.
+ * A write costs one lookup of its connection; only a response's first write
+ * reads its bytes (12 at the start, 4 at the end), and a 5-byte write or a
+ * one-iovec writev() 5 more. */
+
+#define HTTP_STATUS_LINE 12              /* "HTTP/1.1 200" */
+#define HTTP_HEADER_END 0x0a0d0a0d       /* "\r\n\r\n" read as a little-endian u32 */
+#define HTTP_LAST_CHUNK 0x0a0d0a0d30ULL  /* "0\r\n\r\n" read as a little-endian u64, 5 bytes */
+#define HTTP_MAX_IOV 1024                /* UIO_MAXIOV */
 
 struct http_conn_key {
     u32 tgid;
@@ -12,6 +35,9 @@ struct http_conn_key {
 
 struct http_conn {
     u64 request_at;      /* ns the request's first bytes were read, 0 between requests */
+    u64 header_at;       /* ns of a write that held only the header block */
+    u64 first_byte_at;   /* ns of the response's first body write */
+    u64 last_write_at;   /* ns of its latest write; 0 until it has one */
     u32 service;
     u32 checked;         /* the first bytes looked like a request line */
 };
@@ -26,6 +52,12 @@ struct http_read {
 
 BPF_TABLE("lru_hash", u32, struct http_read, http_reading, 16384);   /* tid -> read in flight */
 
+/* How a write syscall hands over its bytes. */
+#define HTTP_BUF 0       /* write, sendto: buf, len */
+#define HTTP_IOV 1       /* writev: iovec array, count */
+#define HTTP_MSG 2       /* sendmsg: struct user_msghdr */
+#define HTTP_FILE 3      /* sendfile: body bytes from a file */
+
 static __always_inline int http_accepted(long fd)
 {
     if (fd < 0)
@@ -34,9 +66,24 @@ static __always_inline int http_accepted(long fd)
     if (!service)
         return 0;
     struct http_conn_key k = {.tgid = current_tgid(), .fd = (u32)fd};
-    struct http_conn c = {.request_at = 0, .service = *service, .checked = 0};
+    struct http_conn c = {.service = *service};
     http_conns.update(&k, &c);
     return 0;
+}
+
+/* The response on c is over (the next request came, end of file, close):
+ * record what only its end knows and wait for the next request. */
+static __always_inline void http_response_over(struct http_conn *c)
+{
+    if (c->request_at && c->last_write_at) {
+        if (!c->first_byte_at && c->header_at)
+            hist_add(c->service, SIG_HTTP_FIRST_BYTE, 0, c->header_at - c->request_at);
+        hist_add(c->service, SIG_HTTP_REQUEST, 0, c->last_write_at - c->request_at);
+    }
+    c->request_at = 0;
+    c->header_at = 0;
+    c->first_byte_at = 0;
+    c->last_write_at = 0;
 }
 
 static __always_inline int http_read_enter(u64 fd, u64 buf)
@@ -63,11 +110,18 @@ static __always_inline int http_read_exit(long ret)
     struct http_conn_key k = {.tgid = current_tgid(), .fd = r->fd};
     u64 buf = r->buf;
     http_reading.delete(&tid);
-    if (ret <= 0)
+    if (ret < 0)
         return 0;
     struct http_conn *c = http_conns.lookup(&k);
-    if (!c || c->request_at)
+    if (!c)
         return 0;
+    if (ret == 0 || c->last_write_at) {          /* end of file, or the next request */
+        http_response_over(c);
+        if (ret == 0)
+            return 0;
+    } else if (c->request_at) {
+        return 0;                                /* more of the same request */
+    }
     /* A connection speaks HTTP/1.x if its first bytes are a method (GET, POST...):
      * an upper-case letter. TLS (0x16 handshake record) and other protocols are
      * dropped on their first read. */
@@ -84,7 +138,61 @@ static __always_inline int http_read_exit(long ret)
     return 0;
 }
 
-static __always_inline int http_write_enter(u64 fd)
+/* The first and the last segment of a write's bytes: {base, len} each. */
+static __always_inline void http_segments(u32 how, u64 buf, u64 len, u64 first[2], u64 last[2])
+{
+    if (how == HTTP_BUF) {
+        first[0] = last[0] = buf;
+        first[1] = last[1] = len;
+        return;
+    }
+    if (how == HTTP_MSG) {                       /* msg_iov at 16, msg_iovlen at 24 */
+        u64 iov[2] = {};
+        bpf_probe_read_user(iov, sizeof(iov), (void *)(buf + 16));
+        buf = iov[0];
+        len = iov[1];
+    }
+    if (len == 0 || len > HTTP_MAX_IOV)
+        return;
+    bpf_probe_read_user(first, 2 * sizeof(u64), (void *)buf);
+    bpf_probe_read_user(last, 2 * sizeof(u64), (void *)(buf + (len - 1) * 2 * sizeof(u64)));
+}
+
+/* A response's first write: its status class (1 to 5), or 0 if it is no
+ * HTTP/1.x status line; *headers_only when the write ends with the header block. */
+static __always_inline u32 http_status(u32 how, u64 buf, u64 len, int *headers_only)
+{
+    u64 first[2] = {}, last[2] = {};
+    http_segments(how, buf, len, first, last);
+    char line[HTTP_STATUS_LINE] = {};
+    if (first[1] < HTTP_STATUS_LINE || bpf_probe_read_user(line, sizeof(line), (void *)first[0]))
+        return 0;
+    if (line[0] != 'H' || line[1] != 'T' || line[2] != 'T' || line[3] != 'P' || line[4] != '/'
+        || line[5] != '1' || line[6] != '.' || line[8] != ' ' || line[9] < '1' || line[9] > '5')
+        return 0;
+    u32 end = 0;
+    if (last[1] >= 4)
+        bpf_probe_read_user(&end, sizeof(end), (void *)(last[0] + last[1] - 4));
+    *headers_only = end == HTTP_HEADER_END;
+    return line[9] - '0';
+}
+
+/* Is this write the chunked terminator alone? Only a 5-byte write(), or a
+ * writev() of one iovec (nginx's last flush), is read to see. */
+static __always_inline int http_last_chunk(u32 how, u64 buf, u64 len)
+{
+    u64 seg[2] = {buf, len};
+    if (how == HTTP_IOV && len == 1)
+        bpf_probe_read_user(seg, sizeof(seg), (void *)buf);
+    else if (how != HTTP_BUF)
+        return 0;
+    u64 chunk = 0;
+    if (seg[1] != 5 || bpf_probe_read_user(&chunk, 5, (void *)seg[0]))
+        return 0;
+    return chunk == HTTP_LAST_CHUNK;
+}
+
+static __always_inline int http_write_enter(u64 fd, u32 how, u64 buf, u64 len)
 {
     if (!maybe_watched(current_tid()))
         return 0;
@@ -92,8 +200,33 @@ static __always_inline int http_write_enter(u64 fd)
     struct http_conn *c = http_conns.lookup(&k);
     if (!c || c->request_at == 0)
         return 0;
-    hist_add(c->service, SIG_HTTP_REQUEST, 0, bpf_ktime_get_ns() - c->request_at);
-    c->request_at = 0;
+    u64 now = bpf_ktime_get_ns();
+    if (!c->last_write_at && how != HTTP_FILE) {
+        int headers_only = 0;
+        u32 status = http_status(how, buf, len, &headers_only);
+        if (status == 0) {                       /* not an HTTP/1.x server after all */
+            http_conns.delete(&k);
+            return 0;
+        }
+        if (status == 1)                         /* 100 Continue and the like: the answer comes later */
+            return 0;
+        count_add(c->service, SIG_HTTP_STATUS, status, 1);
+        c->last_write_at = now;
+        if (headers_only) {
+            c->header_at = now;
+            return 0;
+        }
+    } else if (http_last_chunk(how, buf, len)) {
+        c->last_write_at = now;
+        return 0;
+    }
+    if (!c->first_byte_at) {
+        c->first_byte_at = now;
+        hist_add(c->service, SIG_HTTP_FIRST_BYTE, 0, now - c->request_at);
+    } else {
+        hist_add(c->service, SIG_HTTP_WRITE_GAP, 0, now - c->last_write_at);
+    }
+    c->last_write_at = now;
     return 0;
 }
 
@@ -117,11 +250,11 @@ int on_readv_exit(struct tracepoint__syscalls__sys_exit_readv *args)       { TLS
 int on_recvfrom_exit(struct tracepoint__syscalls__sys_exit_recvfrom *args) { TLS_ALSO(tls_io_exit(args->ret)); return http_read_exit(args->ret); }
 int on_recvmsg_exit(struct tracepoint__syscalls__sys_exit_recvmsg *args)   { TLS_ALSO(tls_io_exit(args->ret)); return http_read_exit(args->ret); }
 
-int on_write_enter(struct tracepoint__syscalls__sys_enter_write *args) { TLS_ALSO(tls_io_enter(args->fd, (u64)args->buf, 0, TLS_WRITE)); return http_write_enter(args->fd); }
-int on_writev_enter(struct tracepoint__syscalls__sys_enter_writev *args) { TLS_ALSO(tls_io_enter(args->fd, (u64)args->vec, args->vlen, TLS_WRITE)); return http_write_enter(args->fd); }
-int on_sendto_enter(struct tracepoint__syscalls__sys_enter_sendto *args) { TLS_ALSO(tls_io_enter(args->fd, (u64)args->buff, 0, TLS_WRITE)); return http_write_enter(args->fd); }
-int on_sendmsg_enter(struct tracepoint__syscalls__sys_enter_sendmsg *args) { TLS_ALSO(tls_msg_enter(args->fd, (u64)args->msg, args->flags, TLS_WRITE)); return http_write_enter(args->fd); }
-int on_sendfile_enter(struct tracepoint__syscalls__sys_enter_sendfile64 *args) { return http_write_enter(args->out_fd); }
+int on_write_enter(struct tracepoint__syscalls__sys_enter_write *args) { TLS_ALSO(tls_io_enter(args->fd, (u64)args->buf, 0, TLS_WRITE)); return http_write_enter(args->fd, HTTP_BUF, (u64)args->buf, args->count); }
+int on_writev_enter(struct tracepoint__syscalls__sys_enter_writev *args) { TLS_ALSO(tls_io_enter(args->fd, (u64)args->vec, args->vlen, TLS_WRITE)); return http_write_enter(args->fd, HTTP_IOV, (u64)args->vec, args->vlen); }
+int on_sendto_enter(struct tracepoint__syscalls__sys_enter_sendto *args) { TLS_ALSO(tls_io_enter(args->fd, (u64)args->buff, 0, TLS_WRITE)); return http_write_enter(args->fd, HTTP_BUF, (u64)args->buff, args->len); }
+int on_sendmsg_enter(struct tracepoint__syscalls__sys_enter_sendmsg *args) { TLS_ALSO(tls_msg_enter(args->fd, (u64)args->msg, args->flags, TLS_WRITE)); return http_write_enter(args->fd, HTTP_MSG, (u64)args->msg, 0); }
+int on_sendfile_enter(struct tracepoint__syscalls__sys_enter_sendfile64 *args) { return http_write_enter(args->out_fd, HTTP_FILE, 0, 0); }
 
 int on_close_enter(struct tracepoint__syscalls__sys_enter_close *args)
 {
@@ -129,6 +262,10 @@ int on_close_enter(struct tracepoint__syscalls__sys_enter_close *args)
     if (!maybe_watched(current_tid()))
         return 0;
     struct http_conn_key k = {.tgid = current_tgid(), .fd = (u32)args->fd};
-    http_conns.delete(&k);
+    struct http_conn *c = http_conns.lookup(&k);
+    if (c) {
+        http_response_over(c);
+        http_conns.delete(&k);
+    }
     return 0;
 }

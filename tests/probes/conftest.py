@@ -7,12 +7,14 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
 from daemon.collectors.kernel import KernelCollector
+from daemon.collectors.kernel.maps import items
 from daemon.model.histogram import Histogram
 
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -85,9 +87,22 @@ def kernel(root_only):
         c.close()
 
 
-def collected(collector) -> dict:
-    """One interval's Sample per service name."""
+def collected(collector, settle_s: float = 2.0) -> dict:
+    """One interval's Sample per service name, taken once every HTTP response the
+    services have written is over (up to settle_s): the kernel records a response
+    when it ends (the next request, end of file or close), which the server sees
+    a moment after its client has the last byte and has hung up."""
+    deadline = time.monotonic() + settle_s
+    while responses_open(collector) and time.monotonic() < deadline:
+        time.sleep(0.01)
     return {s.service: s for s in collector.collect(0.0, 0.0)}
+
+
+def responses_open(collector) -> int:
+    """Responses written on connections whose end the http family has not seen yet."""
+    if collector.program is None or "http" not in {f.name for f in collector.families}:
+        return 0
+    return sum(1 for _, c in items(collector.program.table("http_conns")) if c.request_at and c.last_write_at)
 
 
 def hist(histograms: dict, key) -> Histogram:

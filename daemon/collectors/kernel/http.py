@@ -1,4 +1,6 @@
-"""HTTP/1.x request latency per service from accept/read/write/close (bpf/http.bpf.c)."""
+"""HTTP/1.x per service from accept/read/write/close (bpf/http.bpf.c): the whole
+response, its first body byte (a streaming LLM server's TTFT), the gaps between
+its body writes (inter-token) and its status class."""
 from daemon.collectors.kernel.family import Family, Signal
 
 
@@ -15,10 +17,24 @@ SOCKET_CALLS = syscall_points(
     ("enter", "write"), ("enter", "writev"), ("enter", "sendto"), ("enter", "sendmsg"),
     ("enter", "close"))
 
+STATUS_CLASSES = {n: f"{n}xx" for n in range(2, 6)}   # label id: the status code's first digit
+
 
 class Http(Family):
     name = source = "http"
     signals = (Signal("http_request", "slotune_http_request_duration_seconds", None, "histogram",
-                      "HTTP/1.x request latency seen from the kernel: first read to response write"),)
+                      "HTTP/1.x request latency seen from the kernel: the request's first read to the last "
+                      "write of its response (all of a streamed one)"),
+               Signal("http_first_byte", "slotune_http_first_byte_seconds", None, "histogram",
+                      "HTTP/1.x request's first read to the first write of response body bytes "
+                      "(a streaming LLM server's time to first token)"),
+               Signal("http_write_gap", "slotune_http_write_gap_seconds", None, "histogram",
+                      "Time between two body writes of one HTTP/1.x response (chunks, SSE events: "
+                      "a token stream's inter-token gap)"),
+               Signal("http_status", "slotune_http_responses_total", "status", "counter",
+                      "HTTP/1.x responses by status class (2xx..5xx), read from their status line"))
     tracepoints = SOCKET_CALLS + (("syscalls:sys_enter_sendfile64", "on_sendfile_enter"),)
     defines = {"FAMILY_HTTP": 1}
+
+    def label(self, signal: str, label_id: int) -> str:
+        return STATUS_CLASSES.get(label_id, "") if signal == "http_status" else ""

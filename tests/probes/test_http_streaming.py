@@ -1,0 +1,161 @@
+"""Streaming HTTP/1.x responses from the kernel, against the client's own clock:
+nginx with its echo module (chunks with known gaps, headers sent with the first
+chunk, the last chunk with the terminator) and a FastAPI app under uvicorn
+streaming server-sent events the way an OpenAI-style LLM server does (headers
+written before the first event, each event a write, the terminator alone).
+Several requests go on each keep-alive connection. The client times the first
+body byte (TTFT), every gap between chunks and the whole response itself; the
+kernel's figures must agree (P50 of first byte and whole response within 10 %,
+of the gaps within 15 %), with exact counts, and the status classes of answers
+that fail on purpose must be exact. The first token comes after ~100 ms and the
+gaps are 25-30 ms, where the kernel's log-linear buckets are 7-8 % wide."""
+from __future__ import annotations
+
+import http.client
+import shutil
+import socket
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from daemon.model.service import ServiceSpec
+from tests.probes.conftest import collected, hist
+
+CONNECTIONS = 3
+STREAMS_PER_CONNECTION = 3
+TOKENS = 6
+ECHO_MODULE = "/usr/lib/nginx/modules/ngx_http_echo_module.so"
+
+
+@dataclass
+class Answer:
+    """One response as the client saw it, in seconds from sending the request."""
+    status: int
+    arrivals: list[float]          # each body chunk (one read1 each: http.client never crosses a chunk)
+
+    @property
+    def first_byte(self) -> float:
+        return self.arrivals[0]
+
+    @property
+    def whole(self) -> float:
+        return self.arrivals[-1]
+
+
+def fetch(conn: http.client.HTTPConnection, path: str) -> Answer:
+    start = time.perf_counter()
+    conn.request("GET", path)
+    response = conn.getresponse()
+    arrivals = []
+    while response.read1(65536):
+        arrivals.append(time.perf_counter() - start)
+    response.read()         # a sized body leaves the response open after its last byte: done with it
+    return Answer(response.status, arrivals)
+
+
+def on_connections(port: int, paths: list[str]) -> list[Answer]:
+    """Each path on each of CONNECTIONS keep-alive connections, in turn; all closed after."""
+    answers = []
+    for _ in range(CONNECTIONS):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        answers += [fetch(conn, path) for path in paths]
+        conn.close()
+    return answers
+
+
+def agree(name: str, kernel, client: list[float], within: float) -> None:
+    """The kernel histogram's P50 within `within` of the client's, and the same count."""
+    want = float(np.median(client))
+    got = kernel.quantile(0.5)
+    print(f"{name}: kernel {kernel.count} p50 {got * 1e3:.2f} ms, client {len(client)} p50 {want * 1e3:.2f} ms "
+          f"({(got - want) / want:+.1%})")
+    assert kernel.count == len(client), name
+    assert abs(got - want) <= within * want, name
+
+
+def check_streams(sample, answers: list[Answer]) -> None:
+    assert all(a.status == 200 and len(a.arrivals) > TOKENS // 2 for a in answers)
+    h = sample.histograms
+    agree("first byte", hist(h, ("http_first_byte", "")), [a.first_byte for a in answers], 0.10)
+    agree("whole response", hist(h, ("http_request", "")), [a.whole for a in answers], 0.10)
+    agree("write gap", hist(h, ("http_write_gap", "")), [g for a in answers for g in np.diff(a.arrivals)], 0.15)
+    assert sample.counters == {("http_status", "2xx"): len(answers)}
+
+
+def check_statuses(sample, answers: list[Answer]) -> None:
+    classes = Counter(f"{a.status // 100}xx" for a in answers)
+    print(f"status classes: client {dict(classes)}, kernel {sample.counters}")
+    assert {label: n for (signal, label), n in sample.counters.items() if signal == "http_status"} == classes
+    for key in (("http_first_byte", ""), ("http_request", "")):
+        assert hist(sample.histograms, key).count == len(answers), key
+    assert ("http_write_gap", "") not in sample.histograms      # one body write each
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(port: int) -> None:
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"nothing listens on port {port}")
+
+
+def test_nginx_echo_chunks(kernel, started, tmp_path):
+    if not shutil.which("nginx") or not Path(ECHO_MODULE).exists():
+        pytest.skip("no nginx with the echo module (apt-get install nginx-light libnginx-mod-http-echo; "
+                    "scripts/setup.sh installs them)")
+    port = free_port()
+    tokens = " echo_sleep 0.03; ".join(f'echo "data: token {i}"; echo_flush;' for i in range(TOKENS))
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(f"""
+load_module {ECHO_MODULE};
+user root;
+worker_processes 1;
+daemon off;
+pid {tmp_path}/nginx.pid;
+error_log {tmp_path}/error.log;
+events {{ worker_connections 64; }}
+http {{
+    access_log off;
+    server {{
+        listen 127.0.0.1:{port};
+        location = /stream {{ echo_sleep 0.11; {tokens} }}
+        location = /ok {{ return 200 "ok\\n"; }}
+        location = /missing {{ return 404; }}
+        location = /fail {{ return 500; }}
+    }}
+}}
+""")
+    started(["nginx", "-p", tmp_path, "-e", tmp_path / "error.log", "-c", conf])
+    wait_listening(port)
+    collector = kernel([ServiceSpec("nginx", port=port)], ["http"])
+    collected(collector)
+    answers = on_connections(port, ["/stream"] * STREAMS_PER_CONNECTION)
+    check_streams(collected(collector)["nginx"], answers)
+    answers = on_connections(port, ["/ok", "/missing", "/fail", "/missing"])
+    check_statuses(collected(collector)["nginx"], answers)
+
+
+def test_fastapi_server_sent_events(kernel, spawn, tag):
+    server = spawn("sse_server", tag)
+    port = int(server.stdout.readline())
+    wait_listening(port)
+    stream = f"/stream?tokens={TOKENS}&first=0.1&gap=0.025"
+    on_connections(port, [stream])                 # its first requests are slow (imports, first calls)
+    collector = kernel([ServiceSpec("sse", cmdline=f"sse_server.py {tag}")], ["http"])
+    collected(collector)
+    answers = on_connections(port, [stream] * STREAMS_PER_CONNECTION)
+    check_streams(collected(collector)["sse"], answers)
+    answers = on_connections(port, ["/json", "/missing", "/busy", "/broken"])
+    check_statuses(collected(collector)["sse"], answers)
