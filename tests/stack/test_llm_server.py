@@ -29,9 +29,8 @@ def llm(tmp_path_factory):
     files = launcher.init_run_dir(run_dir)
     port = launcher.free_ports(1)[0]
     url = f"http://127.0.0.1:{port}"
-    args = ["inference", "--mode", "llm", "--port", str(port), "--run-dir", str(run_dir), "--device", "cpu",
-            "--d-model", "64", "--layers", "2", "--heads", "4", "--max-prompt-tokens", "128",
-            "--max-new-tokens", "256", "--kv-cache-tokens", str(KV_CACHE_TOKENS)]
+    args = ["inference", "--port", str(port), "--run-dir", str(run_dir), *launcher.SMALL_LLM_MODEL,
+            "--kv-cache-tokens", str(KV_CACHE_TOKENS)]
     with one_service(args, url + "/healthz"):
         yield Server(url, files["token_file"].read_text().strip())
 
