@@ -119,3 +119,24 @@ def test_rule_files_path_in_sample_config_exists():
     config = yaml.safe_load((ROOT / "dashboards" / "prometheus.yml").read_text())
     for pattern in config["rule_files"]:
         assert (ROOT / "dashboards" / pattern).is_file(), pattern
+
+
+def test_host_outlier_rule_computes_what_the_fleet_simulator_ranks(tmp_path):
+    """The robust z of the slotune.fleet rules equals bench/sim/fleet_bench.host_outlier_z on the
+    same P99s (seven hosts, one an outlier), so the simulator's table is the rule's."""
+    import numpy as np
+    from bench.sim import fleet_bench
+    p99 = np.round(np.random.default_rng(7).lognormal(np.log(0.1), 0.08, 7) * [1, 1, 1, 1, 1, 1, 1.6], 4)
+    z = fleet_bench.host_outlier_z(np.log(p99))
+    series = [{"series": f'slotune_service_latency_seconds{{job="slotune",instance="gpu{i}:9477",service="inference",'
+                         f'quantile="0.99"}}', "values": f"{v}x20"} for i, v in enumerate(p99)]
+    samples = [{"labels": f'{{job="slotune",instance="gpu{i}:9477",service="inference"}}',
+                "value": float(np.floor(v * 100 + 0.5) / 100)} for i, v in enumerate(z)]
+    doc = {"rule_files": [str(RULES)], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series, "promql_expr_test": [{
+            "expr": "round(service:slotune_host_outlier:robust_z, 0.01)", "eval_time": "15m",
+            "exp_samples": samples}]}]}
+    (tmp_path / "fleet.test.yml").write_text(yaml.safe_dump(doc))
+    assert max(z) > fleet_bench.Z_ALERT > sorted(z)[-2]
+    out = promtool("test", "rules", tmp_path / "fleet.test.yml")
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -1,7 +1,8 @@
 """Fleet scenarios for SlotuneHostOutlier: 50 hosts serve one service; each minute every host's
 P99 is drawn around the fleet's level (a fixed per-host offset, a slow per-host wander, heavy-tailed
 minute noise), the fleet level may move for everyone (a diurnal load cycle, a deploy rolled out host
-by host over an hour) and one host may degrade slowly. The host-outlier rule (the PromQL of
+by host over an hour) and one host may degrade (over hours or days) or have been slow since before
+the week of history its own baseline holds. The host-outlier rule (the PromQL of
 dashboards/rules/slotune.rules.yml, mirrored in host_outlier_z) is ranked against the per-host
 drift rules of tuners/drift.py run on each host's hourly P99 with its own 7-day baseline: detection
 delay of the degrading host (hours from the start of its decline; a miss counts MISS_AFTER_H) and
@@ -30,14 +31,16 @@ FOR_MIN = 10          # for: 10m
 MAD_SIGMA = 1.4826    # a Gaussian's std over its MAD
 
 SCENARIOS = ("quiet", "diurnal", "deploy", "degrade_hours", "degrade_days", "degrade_days_diurnal",
-             "degrade_days_deploy")
+             "degrade_days_deploy", "slow_before_history")
+SICK = {s for s in SCENARIOS if s.startswith("degrade")} | {"slow_before_history"}
 POLICIES = ("host_outlier", "drift_slotune", "drift_whitepaper")
 METRICS = (("fa_per_host_week", "alarms on healthy hosts / host-week", "low"),
            ("delay_h", "detection delay (h)", "low"), ("missed", "missed", "low", "mean"))
-PRIMARY = {s: ("delay_h" if s.startswith("degrade") else "fa_per_host_week") for s in SCENARIOS}
+PRIMARY = {s: ("delay_h" if s in SICK else "fa_per_host_week") for s in SCENARIOS}
 # The sick host's P99 grows (log terms) by this much an hour, up to +50 %: in 41 hours, or in 8 days.
 DEGRADE_PER_H = {"degrade_hours": 0.01, "degrade_days": 0.05 / 24}
 DEGRADE_CAP = math.log(1.5)
+SLOW_ALL_ALONG = math.log(1.4)   # slow_before_history: +40 % since before its week of history
 DIURNAL = 0.2             # fleet P99 +-20 % over the day (load)
 DEPLOY = math.log(1.15)   # a deploy makes every host 15 % slower, rolled out over an hour
 MISS_AFTER_H = 7 * 24
@@ -85,21 +88,24 @@ def fleet_p99(scenario: str, minutes: int, onset: int, rng) -> np.ndarray:
         at = onset + rng.integers(0, HOUR, HOSTS)           # each host gets it within the hour
         level = level + DEPLOY * (t >= at[None, :])
     sick = np.zeros((minutes, HOSTS))
-    if scenario.startswith("degrade"):
+    if scenario == "slow_before_history":
+        sick[:, 0] = SLOW_ALL_ALONG
+    elif scenario.startswith("degrade"):
         rate = DEGRADE_PER_H["degrade_hours" if scenario == "degrade_hours" else "degrade_days"]
         sick[:, 0] = np.clip((t[:, 0] - onset) / HOUR * rate, 0, DEGRADE_CAP)
     return 0.1 * np.exp(offset + wander + noise + level + sick)
 
 
-def outlier_alarms(p99: np.ndarray) -> np.ndarray:
-    """(minute, host) onsets of SlotuneHostOutlier, evaluated every minute as the rules are."""
+def outlier_alarms(p99: np.ndarray, start: int) -> np.ndarray:
+    """(minute, host) onsets of SlotuneHostOutlier from minute `start` on (one firing then counts
+    there), evaluated every minute as the rules are."""
     csum = np.cumsum(np.vstack([np.zeros((1, p99.shape[1])), p99]), axis=0)
     avg = np.full(p99.shape, np.nan)
     avg[AVG_MIN - 1:] = (csum[AVG_MIN:] - csum[:-AVG_MIN]) / AVG_MIN
     z = host_outlier_z(np.log(avg[AVG_MIN - 1:]))
     firing = np.zeros(p99.shape, bool)
     firing[AVG_MIN - 1:] = _held(z > Z_ALERT, FOR_MIN + 1)
-    return _onsets(firing)
+    return _onsets(firing[start:]) + [start, 0]
 
 
 def drift_alarms(policy_name: str, p99: np.ndarray, start_h: int) -> np.ndarray:
@@ -126,15 +132,17 @@ def run_one(policy_name: str, scenario: str, seed: int, quick: bool) -> dict[str
     start = WEEK_MIN                                   # a week of history before the first decision
     minutes = start + (1 if quick else 2) * WEEK_MIN
     onset = start + int(rng.integers(DAY, 2 * DAY))    # the fleet change or the sick host's first hour
+    if scenario == "slow_before_history":
+        onset = start                                  # delay counts from the first decision
     p99 = fleet_p99(scenario, minutes, onset, rng)
     if policy_name == "host_outlier":
-        alarms = outlier_alarms(p99)
+        alarms = outlier_alarms(p99, start)
     elif policy_name in ("drift_slotune", "drift_whitepaper"):
         alarms = drift_alarms(policy_name.removeprefix("drift_"), p99, start // HOUR)
     else:
         raise ValueError(f"unknown fleet policy {policy_name!r}; use one of {', '.join(POLICIES)}")
     alarms = alarms[alarms[:, 0] >= start]
-    degrading = scenario.startswith("degrade")
+    degrading = scenario in SICK
     sick = (alarms[:, 1] == 0) & (alarms[:, 0] >= onset) if degrading else np.zeros(len(alarms), bool)
     host_weeks = HOSTS * (minutes - start) / WEEK_MIN
     out = {"fa_per_host_week": float(np.count_nonzero(~sick)) / host_weeks,
