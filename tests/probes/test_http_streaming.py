@@ -22,8 +22,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from daemon.export.samples import SampleExporter
 from daemon.model.service import ServiceSpec
 from tests.probes.conftest import collected, hist
+from tests.probes.test_exporter import scrape
 
 CONNECTIONS = 3
 STREAMS_PER_CONNECTION = 3
@@ -158,4 +160,10 @@ def test_fastapi_server_sent_events(kernel, spawn, tag):
     answers = on_connections(port, [stream] * STREAMS_PER_CONNECTION)
     check_streams(collected(collector)["sse"], answers)
     answers = on_connections(port, ["/json", "/missing", "/busy", "/broken"])
-    check_statuses(collected(collector)["sse"], answers)
+    sample = collected(collector)["sse"]
+    check_statuses(sample, answers)
+    exporter = SampleExporter()
+    exporter.observe([sample])
+    text = scrape(exporter)
+    assert f'slotune_http_first_byte_seconds_count{{service="sse"}} {len(answers)}.0' in text
+    assert f'slotune_http_responses_total{{service="sse",status="5xx"}} {2 * CONNECTIONS}.0' in text
