@@ -62,6 +62,8 @@ class Engine:
             if seq.finished is None:
                 self.scheduler.abort(seq, time.monotonic())
                 self.metrics.on_finish(seq)
+                self.metrics.on_state(len(self.scheduler.running), len(self.scheduler.waiting),
+                                      self.kv.usage_ratio())
             self.callbacks.pop(seq.id, None)
 
     def _loop(self) -> None:

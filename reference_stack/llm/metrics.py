@@ -52,6 +52,9 @@ class LlmMetrics:
             self.iteration_tokens.observe(step.tokens)
             self.iteration_seqs.observe(len(step.chunks))
         self.preemptions.inc(len(step.preempted))
+        self.on_state(running, waiting, kv_usage)
+
+    def on_state(self, running: int, waiting: int, kv_usage: float) -> None:
         self.running.set(running)
         self.waiting.set(waiting)
         self.kv_usage.set(kv_usage)
