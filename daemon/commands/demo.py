@@ -10,6 +10,7 @@ HELP = "run the reference stack and the daemon through a load step past capacity
 EXAMPLES = """  slotune demo                                 # about 3.5 minutes; prints the report's path
   slotune demo --capacity 20 --run-dir /tmp/demo
   slotune demo --dry-run                       # the same, but the daemon pushes nothing
+  slotune demo --fleet 3                       # 3 hosts in namespaces, one slowed: SlotuneHostOutlier
 """
 
 
@@ -21,12 +22,22 @@ def add_arguments(parser) -> None:
                              "(default: measured at the start, 10 s of closed-loop clients)")
     parser.add_argument("--scale", type=float, default=1.0, help="stretch (>1) or shrink (<1) every load phase")
     parser.add_argument("--dry-run", action="store_true", help="the daemon decides and reports but pushes nothing")
+    parser.add_argument("--fleet", type=int, metavar="N",
+                        help="instead: N hosts (3 or more) as network namespaces with a stack and a daemon each, "
+                             "one Prometheus; one host is slowed and raises SlotuneHostOutlier (docs/fleet.md)")
 
 
 def run(args) -> int:
     if (args.capacity is not None and args.capacity <= 0) or args.scale <= 0:
         print("slotune demo: --capacity and --scale must be > 0", file=sys.stderr)
         return 2
+    if args.fleet is not None:
+        from daemon.demo import fleet
+        try:
+            return fleet.run(args.run_dir, args.fleet)
+        except (RuntimeError, ValueError) as exc:
+            print(f"slotune demo --fleet: {exc}", file=sys.stderr)
+            return 1
     from daemon.demo import run as demo
     try:
         path = demo.run(args.run_dir, args.capacity, args.scale, args.dry_run)

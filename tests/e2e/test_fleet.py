@@ -62,3 +62,10 @@ def test_the_throttled_host_alone_is_an_outlier(tmp_path, test_rules, root_only)
         assert int(throttled["nr_throttled"]) > 0
         assert rows[0]["P99 (10 m)"] > 2 * max(r["P99 (10 m)"] for r in rows[1:])
     assert not any(h.cgroup for h in f.hosts)
+
+
+def test_a_fleet_demo_of_fewer_than_three_hosts_is_refused(tmp_path):
+    from tests.conftest import run_slotune
+    out = run_slotune("demo", "--fleet", "2", "--run-dir", str(tmp_path), timeout=60)
+    assert out.returncode == 1 and "--fleet 2: the fleet's median and spread need at least 3 hosts" in out.stderr
+    assert not list(tmp_path.iterdir()), "a refused demo must start nothing"
