@@ -273,6 +273,9 @@ def _admission(file, svc: ServiceConf, services: dict[str, ServiceConf]) -> None
             raise ConfigError(file, f"services.{svc.name}.settings.{name}", f"{proxy.name} (profile "
                               f"{profile.name}, control kind {proxy.control.kind}) has no live {name}; "
                               f"admission_by needs a proxy that can take it")
+        if proxy.control.kind in NEEDS and "targets" in NEEDS[proxy.control.kind] and name not in proxy.control.targets:
+            raise ConfigError(file, f"services.{proxy.name}.control.targets.{name}", f"missing: {svc.name}'s "
+                              f"throttle pushes {name} through {proxy.name}; name it there, e.g. \"{s.target}\"")
 
 
 def _peers(file, r: _Reader) -> dict[int, str]:

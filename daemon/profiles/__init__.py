@@ -24,11 +24,12 @@ from daemon.model.sample import Key
 # signal -> what it means. The name is the family suffix the readers look for.
 SIGNALS = {
     "request_duration_seconds": "end-to-end latency per request (histogram)",
-    "request_duration_mean_seconds": "mean latency, where the product keeps no distribution",
+    "request_duration_mean_seconds": "mean latency where the product keeps no distribution: a histogram with "
+                                     "a count and a sum only (Triton), or a gauge (HAProxy's last 1024)",
     "time_to_first_token_seconds": "time to first token, TTFT (histogram)",
     "inter_token_latency_seconds": "time per output token, TPOT / ITL (histogram)",
     "queue_wait_seconds": "time a request waits before it runs (histogram)",
-    "queue_wait_mean_seconds": "mean queue wait, where the product keeps no distribution",
+    "queue_wait_mean_seconds": "mean queue wait, as request_duration_mean_seconds",
     "batch_size": "requests per executed batch (mean, with the batches as its count)",
     "batch_compute_seconds": "compute time per batch",
     "inflight_requests": "requests being answered now (gauge)",
@@ -135,6 +136,7 @@ class Profile:
     slos: tuple[str, ...] = ("p99",)               # the objectives that fit it (SLO_KEYS)
     processes: tuple[str, ...] = ()                # process names `slotune discover` knows it by
     marks: tuple[str, ...] = ()                    # families only it exports: how discover recognises it
+    control: tuple[str, ...] = ()                  # its [control] keys beside kind, as starter lines
 
     def __post_init__(self):
         unknown = set(self.signals) - set(SIGNALS)

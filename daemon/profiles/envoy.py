@@ -23,5 +23,6 @@ PROFILE = Profile(
     ),
     metrics_path="/stats/prometheus",
     processes=("envoy",),
+    control=('url = "http://127.0.0.1:9901"   # its admin interface',),
     marks=(r"envoy_server_.*",),
 )

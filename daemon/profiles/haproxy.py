@@ -25,5 +25,6 @@ PROFILE = Profile(
         Setting("rate_limit_rps", "haproxy", "rate-limit sessions global"),
     ),
     processes=("haproxy",),
+    control=('address = "/run/haproxy/admin.sock"   # haproxy.cfg\'s `stats socket ... level admin`',),
     marks=(r"haproxy_process_.*",),
 )

@@ -21,5 +21,6 @@ PROFILE = Profile(
     ),
     slos=("p99", "ttft"),
     processes=("litellm",),
+    control=('url = "http://127.0.0.1:4000"   # the proxy', 'key_file = "/etc/slotune/litellm.key"   # the key it tunes'),
     marks=(r"litellm_.*",),
 )

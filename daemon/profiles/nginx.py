@@ -4,7 +4,7 @@ itself: active, reading, writing and waiting connections, and accepted, handled 
 request totals, read here under the names nginx-prometheus-exporter gives them
 (nginx_connections_*, nginx_http_requests_total). Latency and the rest come from eBPF.
 Requests in flight are the connections reading a request or writing an answer.
-Limits live in an include file slotune writes (`limit_conn`, `limit_req`), checked
+The concurrency limit lives in an include file slotune writes (`limit_conn`), checked
 with `nginx -t` and loaded with `nginx -s reload`."""
 from daemon.profiles import Counter, Gauge, Profile, Setting
 
@@ -15,11 +15,10 @@ PROFILE = Profile(
         "inflight_requests": Gauge(("nginx_connections_reading", "nginx_connections_writing")),
         "requests_total": Counter("nginx_http_requests_total"),
     },
-    settings=(
-        Setting("concurrency_limit", "nginx", "limit_conn ZONE"),
-        Setting("rate_limit_rps", "nginx", "limit_req ZONE"),
-    ),
+    settings=(Setting("concurrency_limit", "nginx", "limit_conn ZONE {}"),),
     exposition="stub_status",
     metrics_path="/stub_status",
     processes=("nginx",),
+    control=('path = "/etc/nginx/slotune-limits.conf"   # the include file slotune owns',
+             'conf = "/etc/nginx/nginx.conf"             # the main file that includes it'),
 )

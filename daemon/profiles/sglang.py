@@ -26,5 +26,6 @@ PROFILE = Profile(
     settings=(Setting("max_running_requests", "sglang", "max_running_requests"),),
     slos=("p99", "ttft", "tpot"),
     processes=("sglang",),
+    control=('url = "http://127.0.0.1:30000"   # its server',),
     marks=(r"sglang:.*",),
 )

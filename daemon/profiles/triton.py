@@ -30,5 +30,6 @@ PROFILE = Profile(
         Setting("max_queue_delay_ms", "triton", "dynamic_batching.max_queue_delay_microseconds"),
     ),
     processes=("tritonserver",),
+    control=('url = "http://127.0.0.1:8000"   # its HTTP endpoint', 'model = "MODEL"   # the model to reload'),
     marks=(r"nv_inference_.*",),
 )

@@ -9,16 +9,13 @@ import http.server
 import json
 import math
 import shutil
-import socket
-import subprocess
 import threading
-import time
 import urllib.request
 
 import numpy as np
 import pytest
 
-from daemon import config, profiles
+from daemon import config
 from daemon.collectors.service_metrics import ServiceMetricsCollector
 from daemon.control.actuators.file import FileActuator
 from daemon.control.audit import AuditLog, Outcome
@@ -27,6 +24,7 @@ from daemon.model import window
 from daemon.model.histogram import Histogram
 from daemon.model.interval import Interval
 from daemon.model.service import ServiceSpec
+from tests.actuators import real_servers
 from tests.profiles import exposition
 
 
@@ -189,12 +187,6 @@ def test_the_reference_profile_keeps_its_families_names(stand_in):
 
 
 # --- the real servers --------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Backend(http.server.ThreadingHTTPServer):
     """200 for every path but /fail, which answers 500."""
 
@@ -223,104 +215,42 @@ def get(url: str) -> int:
         return exc.code
 
 
-def wait_listening(port: int, proc: subprocess.Popen, timeout_s=10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"nothing listens on {port}")
-
-
-HAPROXY_CFG = """global
-    stats socket {sock} level admin
-defaults
-    mode http
-    timeout connect 2s
-    timeout client 10s
-    timeout server 10s
-frontend metrics
-    bind 127.0.0.1:{metrics}
-    http-request use-service prometheus-exporter if {{ path /metrics }}
-frontend front
-    bind 127.0.0.1:{front}
-    default_backend engine
-backend engine
-    server s1 127.0.0.1:{backend} maxconn 10
-"""
-
-
 @pytest.fixture
 def haproxy(tmp_path):
+    """Real HAProxy in front of a Backend, its exporter on /haproxy-metrics."""
     if shutil.which("haproxy") is None:
         pytest.skip("haproxy is not installed (scripts/setup.sh installs it)")
     backend = Backend()
-    ports = {"metrics": free_port(), "front": free_port(), "backend": backend.server_address[1]}
-    cfg = tmp_path / "haproxy.cfg"
-    cfg.write_text(HAPROXY_CFG.format(sock=tmp_path / "admin.sock", **ports))
-    proc = subprocess.Popen(["haproxy", "-db", "-f", str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        wait_listening(ports["metrics"], proc)
-        yield ports
+        with real_servers.haproxy(tmp_path / "haproxy", backend.server_address[1]) as h:
+            yield h
     finally:
-        proc.terminate()
-        proc.wait(10)
         backend.shutdown()
         backend.server_close()
 
 
 def test_haproxy_real_exporter(haproxy):
-    front = f"http://127.0.0.1:{haproxy['front']}"
+    front = f"http://127.0.0.1:{haproxy.port}"
     sent = lambda: [get(f"{front}/ok") for _ in range(7)] + [get(f"{front}/fail") for _ in range(2)]
-    s = one_interval("haproxy", f"http://127.0.0.1:{haproxy['metrics']}/metrics", between=sent)
+    s = one_interval("haproxy", f"{front}/haproxy-metrics", between=sent)
     assert value(s.counters, "haproxy_requests_total") == 9
     assert value(s.counters, "haproxy_errors_total") == 2              # code="5xx" only
     assert value(s.gauges, "haproxy_inflight_requests") == 0           # all answered before the scrape
     assert value(s.gauges, "haproxy_num_requests_waiting") == 0
 
 
-NGINX_CONF = """daemon off;
-pid {dir}/nginx.pid;
-error_log {dir}/error.log;
-events {{ worker_connections 64; }}
-http {{
-    access_log off;
-    client_body_temp_path {dir}/body;
-    proxy_temp_path {dir}/proxy;
-    fastcgi_temp_path {dir}/fastcgi;
-    uwsgi_temp_path {dir}/uwsgi;
-    scgi_temp_path {dir}/scgi;
-    server {{
-        listen 127.0.0.1:{port};
-        location = /stub_status {{ stub_status; }}
-        location / {{ return 200 "ok"; }}
-    }}
-}}
-"""
-
-
 @pytest.fixture
 def nginx(tmp_path):
+    """Real nginx, its stub_status on /nginx_status."""
     if shutil.which("nginx") is None:
         pytest.skip("nginx is not installed (scripts/setup.sh installs nginx-light)")
-    port = free_port()
-    conf = tmp_path / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(dir=tmp_path, port=port))
-    proc = subprocess.Popen(["nginx", "-p", str(tmp_path), "-c", str(conf)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        wait_listening(port, proc)
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with real_servers.nginx(tmp_path / "nginx", "", delay_s=0.01) as n:
+        yield n
 
 
 def test_nginx_real_stub_status(nginx):
-    sent = lambda: [get(f"http://127.0.0.1:{nginx}/x") for _ in range(5)]
-    s = one_interval("nginx", f"http://127.0.0.1:{nginx}/stub_status", between=sent)
+    sent = lambda: [get(f"http://127.0.0.1:{nginx.port}/slow") for _ in range(5)]
+    s = one_interval("nginx", f"http://127.0.0.1:{nginx.port}/nginx_status", between=sent)
     assert value(s.counters, "nginx_requests_total") == 6             # the 5, and the second scrape itself
     assert value(s.gauges, "nginx_inflight_requests") == 1            # the scrape, being written
 
@@ -428,3 +358,15 @@ def test_admission_by_pushes_the_throttle_through_the_proxy(tmp_path):
     entries = loop.tick(overloaded("llm"))
     assert [(e.service, e.setting, e.outcome) for e in entries] == [("llm", "concurrency_limit", Outcome.PUSHED)]
     assert json.loads(settings.read_text())["concurrency_limit"] == entries[0].new < 32
+
+
+def test_admission_at_haproxy_needs_its_target_there(tmp_path):
+    front = ('[services.front]\nport = 8080\nprofile = "haproxy"\n[services.front.control]\nkind = "haproxy"\n'
+             'address = "/run/haproxy/admin.sock"\n[services.front.control.targets]\n{}\n')
+    llm = ('[services.llm]\nport = 8000\nprofile = "vllm"\nadmission_by = "front"\n'
+           '[services.llm.tuners.throttle]\npolicy = "slotune"\n'
+           "[services.llm.settings.concurrency_limit]\nmin = 1\nmax = 64\nmax_step = 8\n")
+    err = refused(tmp_path, llm + front.format('rate_limit_rps = "rate-limit sessions global"'))
+    assert err.key == "services.front.control.targets.concurrency_limit" and "maxconn server" in err.reason
+    cfg = load(tmp_path, llm + front.format('concurrency_limit = "maxconn server be_app/app"'))
+    assert cfg.service("llm").admission_by == "front"

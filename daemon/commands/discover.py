@@ -1,0 +1,262 @@
+"""`slotune discover`: the host's listening TCP services (process, port, network
+namespace), what slotune recognises of each (a /metrics or stub_status page that
+matches a profile, probed over loopback with a short timeout, or a known process
+name), the probe families that will see it, and a starter slotune.toml for the
+ones picked, which `slotune run` loads as it is."""
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from daemon import config, profiles
+from daemon.collectors.kernel.targeting import command_line, listening_table, netns_of, socket_inodes
+from daemon.collectors.service_metrics import parse_stub_status
+from daemon.host.http_exchange import exchange
+
+NAME = "discover"
+HELP = "list this host's listening services, what slotune recognises of each, and write a starter config"
+EXAMPLES = """  slotune discover                               # the table, then a starter config for what it recognised
+  slotune discover --pick vllm,haproxy --write /etc/slotune/slotune.toml
+  slotune discover --timeout 0.5 --no-probe       # names and ports only: nothing is sent to any port
+"""
+PROBE_PATHS = ("/metrics", "/stats/prometheus", "/stub_status", "/nginx_status", "/basic_status")
+MAX_BYTES = 1 << 20
+# Servers that speak no HTTP and log an HTTP request as an attack: named, never probed.
+NOT_HTTP = {"redis-server": "redis", "postgres": "postgres", "mysqld": "mysql", "mariadbd": "mysql",
+            "memcached": "memcached", "sshd": "ssh"}
+ALWAYS = ("runqueue", "offcpu", "tcp", "exec")    # the probe families that see any process by its port
+
+
+@dataclass
+class Listener:
+    port: int
+    netns: int
+    pid: int
+    process: str
+    cmdline: str
+    profile: str = ""
+    metrics_url: str = ""
+    speaks_http: bool = False
+    series: list[tuple[str, dict]] = field(default_factory=list)   # (family, labels) of its metrics
+    name: str = ""
+
+    @property
+    def probes(self) -> tuple[str, ...]:
+        return ALWAYS + (("http",) if self.speaks_http else ())
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--pick", default="", help="comma-separated names from the table to write a config for "
+                                                   "(default: every service slotune recognised)")
+    parser.add_argument("--write", metavar="FILE", help="write the starter config there (refused if it exists), "
+                                                        "instead of printing it")
+    parser.add_argument("--timeout", type=float, default=0.5, help="seconds per probe of a port (default 0.5)")
+    parser.add_argument("--no-probe", action="store_true", help="send nothing to any port: names and ports only")
+    parser.add_argument("--metrics-path", action="append", default=[], metavar="PATH",
+                        help=f"also probe this path (probed: {', '.join(PROBE_PATHS)}); e.g. where haproxy.cfg "
+                             "serves its prometheus-exporter")
+
+
+def listeners() -> list[Listener]:
+    """One per (network namespace, port): the process that listens there with the lowest pid (the master)."""
+    found: dict[tuple[int, int], Listener] = {}
+    tables: dict[int, dict[int, int]] = {}
+    for entry in sorted((int(p) for p in os.listdir("/proc") if p.isdigit())):
+        netns = netns_of(entry)
+        if netns is None or entry == os.getpid():
+            continue
+        table = tables.setdefault(netns, listening_table(f"/proc/{entry}/net"))
+        for inode in socket_inodes(entry) & table.keys():
+            key = (netns, table[inode])
+            if key not in found:
+                found[key] = Listener(table[inode], netns, entry, _comm(entry), command_line(entry))
+    return sorted(found.values(), key=lambda listener: (listener.netns != netns_of(os.getpid()), listener.port))
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def probe(listener: Listener, timeout_s: float, paths=PROBE_PATHS) -> None:
+    """Fill in what the listener's metrics say it is: GET each path over loopback until one
+    matches a profile; else what its process name says. A page of another product than
+    the process's own (a proxy passing /metrics on to its engine) is not taken as its."""
+    named = by_process(listener)
+    for path in paths:
+        url = f"http://127.0.0.1:{listener.port}{path}"
+        try:
+            status, _, body = exchange(url, headers={"Accept": "text/plain"}, timeout_s=timeout_s, max_bytes=MAX_BYTES)
+        except (OSError, ValueError, http.client.HTTPException):   # no answer, or not HTTP
+            if not listener.speaks_http:
+                break          # it does not speak HTTP: no other path will do better
+            continue
+        listener.speaks_http = True
+        profile = recognise(body.decode(errors="replace")) if status == 200 else None
+        if profile is not None and (named is None or named is profile):
+            listener.profile, listener.metrics_url = profile.name, url
+            listener.series = _series(body.decode(errors="replace"), profile)
+            return
+    if named is not None:
+        listener.profile = named.name
+
+
+def recognise(text: str) -> profiles.Profile | None:
+    """The profile whose marks the page's families carry (or nginx's, for a stub_status page)."""
+    try:
+        parse_stub_status(text)
+        return profiles.get("nginx")
+    except ValueError:
+        pass
+    try:
+        names = {f.name for f in text_string_to_metric_families(text)}
+    except Exception:    # not Prometheus text: nothing slotune reads
+        return None
+    for p in profiles.every():
+        if any(re.fullmatch(mark, n) for mark in p.marks for n in names):
+            return p
+    return None
+
+
+def by_process(listener: Listener) -> profiles.Profile | None:
+    words = set(re.split(r"[\s/=]+", listener.cmdline)) | {listener.process}
+    return next((p for p in profiles.every() if any(name in words or name == listener.process
+                                                     for name in p.processes)), None)
+
+
+def _series(text: str, profile: profiles.Profile) -> list[tuple[str, dict]]:
+    if profile.exposition != "prometheus":
+        return []
+    return [(s.name, s.labels) for f in text_string_to_metric_families(text) for s in f.samples]
+
+
+def name_them(found: list[Listener]) -> None:
+    """Each a service name in the users' words: its profile, else its process; -2, -3 when taken."""
+    taken: dict[str, int] = {}
+    for listener in found:
+        base = re.sub(r"[^a-z0-9_-]+", "-", (listener.profile if listener.profile not in ("", "reference")
+                                             else NOT_HTTP.get(listener.process, listener.process)).lower()) or "svc"
+        if listener.profile == "reference":
+            base = _reference_name(listener) or base
+        taken[base] = taken.get(base, 0) + 1
+        listener.name = base if taken[base] == 1 else f"{base}-{taken[base]}"
+
+
+def _reference_name(listener: Listener) -> str:
+    """The reference stack's service: from its <service>_setting family, else the word
+    after reference_stack on its command line (python -m reference_stack inference)."""
+    fam = next((fam.removesuffix("_setting") for fam, _ in listener.series if fam.endswith("_setting")), "")
+    words = listener.cmdline.split()
+    after = words.index("reference_stack") + 1 if "reference_stack" in words else len(words)
+    return fam or (words[after] if after < len(words) else "")
+
+
+def table(found: list[Listener]) -> str:
+    own = netns_of(os.getpid())
+    rows = [("NAME", "PROCESS", "PORT", "NETNS", "PROFILE", "METRICS", "PROBES")]
+    for s in found:
+        rows.append((s.name, f"{s.process}[{s.pid}]", str(s.port), "host" if s.netns == own else str(s.netns),
+                     s.profile or "-", s.metrics_url or "-", ",".join(s.probes)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def starter(picked: list[Listener]) -> str:
+    """A slotune.toml that `slotune run` accepts as it is: each service found by its port,
+    read through its profile; how to let slotune tune it is left in comments."""
+    out = ["# Written by `slotune discover`. Each service is found by its port: anyone may listen",
+           "# there while it is down, so add systemd_unit or cgroup (README, Safety). Keys: docs/daemon.md;",
+           "# what slotune reads of each profile and can push: docs/targets.md.", ""]
+    for s in picked:
+        p = profiles.get(s.profile) if s.profile else None
+        out += [f"[services.{s.name}]", f"port = {s.port}"]
+        if s.profile:
+            out.append(f'profile = "{s.profile}"')
+        if s.metrics_url:
+            out.append(f'metrics_url = "{s.metrics_url}"')
+        if s.profile == "reference" and s.metrics_url:
+            fam = next((f.removesuffix("_bucket") for f, _ in s.series if f.endswith("_request_duration_seconds_bucket")), "")
+            out += [f'latency_metric = "{fam}"'] if fam else []
+        out.append("slo_p99_ms = 500.0")
+        if p is not None:
+            out += [f"# {key} = 500.0" for slo, key in profiles.SLO_KEYS.items() if slo != "p99" and slo in p.slos]
+            out += _control_hint(s, p)
+        out.append("")
+    return "\n".join(out)
+
+
+def _control_hint(s: Listener, p: profiles.Profile) -> list[str]:
+    """How to let slotune push this service's settings, as comments to fill in."""
+    live = [x for x in p.settings or () if x.live]
+    restart = [x for x in p.settings or () if not x.live]
+    lines = []
+    if live:
+        lines += ["# To tune it (docs/targets.md), fill in and uncomment:", f"# [services.{s.name}.control]",
+                  f'# kind = "{live[0].kind}"', *(f"# {line}" for line in p.control),
+                  f"# [services.{s.name}.control.targets]"]
+        lines += [f'# {x.name} = "{_filled(x.target, s)}"' for x in live]
+    if restart:
+        lines += ["# Restart-only (slotune recommends them; give in_force in [settings.NAME]): "
+                  + ", ".join(f"{x.name} ({x.target})" for x in restart)]
+        lines += ["# To throttle it at a proxy in front: admission_by = \"<that proxy's service>\""]
+    return lines
+
+
+def _filled(target: str, s: Listener) -> str:
+    """A target form with the names the service's own metrics give (HAProxy's backend/server)."""
+    servers = [labels for fam, labels in s.series if "server" in labels and "proxy" in labels]
+    if servers and "BACKEND/SERVER" in target:
+        return target.replace("BACKEND/SERVER", f"{servers[0]['proxy']}/{servers[0]['server']}")
+    return target
+
+
+def run(args) -> int:
+    found = listeners()
+    if not args.no_probe:
+        for listener in found:
+            if listener.netns == netns_of(os.getpid()) and listener.process not in NOT_HTTP:
+                probe(listener, args.timeout, (*args.metrics_path, *PROBE_PATHS))
+            elif listener.profile == "" and (by_name := by_process(listener)) is not None:
+                listener.profile = by_name.name
+    name_them(found)
+    print(table(found))
+    wanted = [n for n in args.pick.split(",") if n]
+    unknown = [n for n in wanted if n not in {s.name for s in found}]
+    if unknown:
+        print(f"--pick {','.join(unknown)}: not in the table above; pick from its NAME column", file=sys.stderr)
+        return 2
+    picked = [s for s in found if s.name in wanted] if wanted else [s for s in found if s.profile]
+    if not picked:
+        print("\nnothing recognised to write a config for: pick services by name with --pick", file=sys.stderr)
+        return 1
+    text = starter(picked)
+    if not args.write:
+        print("\n" + text)
+        return 0
+    path = Path(args.write)
+    if path.exists():
+        print(f"--write {path}: it exists; remove it or pick another path", file=sys.stderr)
+        return 1
+    draft = path.with_name(f".{path.name}.discover-{os.getpid()}")
+    try:
+        draft.write_text(text)
+        try:
+            config.load(draft)     # what discover writes must load as it is: else nothing is written
+        except config.ConfigError as exc:
+            raise RuntimeError(f"the config discover made does not load: {exc}") from None
+        os.link(draft, path)       # never over a file that appeared meanwhile
+    except OSError as exc:
+        print(f"--write {path}: {exc.strerror}; check the folder, or pick another path", file=sys.stderr)
+        return 1
+    finally:
+        draft.unlink(missing_ok=True)
+    print(f"\nwrote {path}: {len(picked)} service(s); check it with `slotune doctor --config {path}`")
+    return 0
