@@ -370,3 +370,19 @@ def test_admission_at_haproxy_needs_its_target_there(tmp_path):
     assert err.key == "services.front.control.targets.concurrency_limit" and "maxconn server" in err.reason
     cfg = load(tmp_path, llm + front.format('concurrency_limit = "maxconn server be_app/app"'))
     assert cfg.service("llm").admission_by == "front"
+
+
+def test_the_throttle_of_an_engine_lands_on_the_real_haproxy_in_front(tmp_path, haproxy):
+    """vLLM's observations, HAProxy's maxconn: read back from HAProxy's own `show stat`."""
+    from daemon.control.actuators import for_control
+    cfg = load(tmp_path, '[services.llm]\nport = 8000\nprofile = "vllm"\nadmission_by = "front"\nslo_p99_ms = 200.0\n'
+                         '[services.llm.tuners.throttle]\npolicy = "slotune"\ninterval_s = 1.0\n'
+                         "[services.llm.settings.concurrency_limit]\nmin = 1\nmax = 64\nmax_step = 8\ninteger = true\n"
+                         f'[services.front]\nport = {haproxy.port}\nprofile = "haproxy"\n'
+                         f'[services.front.control]\nkind = "haproxy"\naddress = "{haproxy.socket}"\n'
+                         '[services.front.control.targets]\nconcurrency_limit = "maxconn server be_app/app"\n')
+    actuators = {s.name: for_control(s.control) for s in cfg.services if s.control is not None}
+    loop = ControlLoop(cfg, actuators, AuditLog(tmp_path / "audit.jsonl"), dry_run=False)
+    entries = loop.tick(overloaded("llm"))
+    assert [(e.service, e.old, e.new, e.outcome) for e in entries] == [("llm", 64.0, 56.0, Outcome.PUSHED)]
+    assert haproxy.stat("be_app", "app")["slim"] == "56"
