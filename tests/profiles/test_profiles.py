@@ -386,3 +386,15 @@ def test_the_throttle_of_an_engine_lands_on_the_real_haproxy_in_front(tmp_path, 
     entries = loop.tick(overloaded("llm"))
     assert [(e.service, e.old, e.new, e.outcome) for e in entries] == [("llm", 64.0, 56.0, Outcome.PUSHED)]
     assert haproxy.stat("be_app", "app")["slim"] == "56"
+
+
+def test_every_profile_cites_its_page_and_is_in_the_targets_table():
+    import importlib
+    from daemon import profiles
+    from tests.conftest import ROOT
+    table = (ROOT / "docs/targets.md").read_text()
+    for p in profiles.every():
+        assert p.doc in importlib.import_module(f"daemon.profiles.{p.name}").__doc__, p.name
+        assert f"| `{p.name}` |" in table, f"docs/targets.md has no row for the {p.name} profile"
+        for s in p.settings or ():
+            assert s.name in table, f"docs/targets.md: {p.name}'s {s.name}"
