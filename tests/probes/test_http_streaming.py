@@ -1,6 +1,6 @@
 """Streaming HTTP/1.x responses from the kernel, against the client's own clock:
-nginx with its echo module (chunks with known gaps, headers sent with the first
-chunk, the last chunk with the terminator) and a FastAPI app under uvicorn
+nginx with its echo module (chunks with known gaps, one writev of iovecs each,
+headers with the first chunk, the terminator in a writev of its own) and a FastAPI app under uvicorn
 streaming server-sent events the way an OpenAI-style LLM server does (headers
 written before the first event, each event a write, the terminator alone).
 Several requests go on each keep-alive connection. The client times the first
@@ -8,13 +8,17 @@ body byte (TTFT), every gap between chunks and the whole response itself; the
 kernel's figures must agree (P50 of first byte and whole response within 10 %,
 of the gaps within 15 %), with exact counts, and the status classes of answers
 that fail on purpose must be exact. The first token comes after ~100 ms and the
-gaps are 25-30 ms, where the kernel's log-linear buckets are 7-8 % wide."""
+gaps are 25-30 ms, where the kernel's log-linear buckets are 7-8 % wide. The
+servers run in a network namespace of their own, reached over a veth pair, so
+that nothing else on the host talks to them (`slotune discover` sends requests
+to every port listening in its namespace)."""
 from __future__ import annotations
 
 import http.client
 import shutil
 import socket
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,11 +30,23 @@ from daemon.export.samples import SampleExporter
 from daemon.model.service import ServiceSpec
 from tests.probes.conftest import collected, hist
 from tests.probes.test_exporter import scrape
+from tests.probes.test_tcp import remove_namespace, veth_namespace
 
 CONNECTIONS = 3
 STREAMS_PER_CONNECTION = 3
 TOKENS = 6
 ECHO_MODULE = "/usr/lib/nginx/modules/ngx_http_echo_module.so"
+
+
+@pytest.fixture
+def private_host(root_only):
+    """(namespace, its address): a network namespace for the servers, removed afterwards."""
+    name = f"slhttp{uuid.uuid4().hex[:6]}"
+    try:
+        _, _, addr = veth_namespace(name, f"10.214.{10 + uuid.uuid4().int % 200}")
+        yield name, addr
+    finally:
+        remove_namespace(name)
 
 
 @dataclass
@@ -59,11 +75,11 @@ def fetch(conn: http.client.HTTPConnection, path: str) -> Answer:
     return Answer(response.status, arrivals)
 
 
-def on_connections(port: int, paths: list[str]) -> list[Answer]:
+def on_connections(addr: str, port: int, paths: list[str]) -> list[Answer]:
     """Each path on each of CONNECTIONS keep-alive connections, in turn; all closed after."""
     answers = []
     for _ in range(CONNECTIONS):
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn = http.client.HTTPConnection(addr, port, timeout=10)
         answers += [fetch(conn, path) for path in paths]
         conn.close()
     return answers
@@ -97,33 +113,27 @@ def check_statuses(sample, answers: list[Answer]) -> None:
     assert ("http_write_gap", "") not in sample.histograms      # one body write each
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_listening(port: int) -> None:
+def wait_listening(addr: str, port: int) -> None:
     for _ in range(200):
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            socket.create_connection((addr, port), timeout=1).close()
             return
         except OSError:
             time.sleep(0.05)
     raise AssertionError(f"nothing listens on port {port}")
 
 
-def test_nginx_echo_chunks(kernel, started, tmp_path):
+def test_nginx_echo_chunks(kernel, started, tmp_path, private_host):
     if not shutil.which("nginx") or not Path(ECHO_MODULE).exists():
         pytest.skip("no nginx with the echo module (apt-get install nginx-light libnginx-mod-http-echo; "
                     "scripts/setup.sh installs them)")
-    port = free_port()
+    ns, addr = private_host
+    port = 8080
     tokens = " echo_sleep 0.03; ".join(f'echo "data: token {i}"; echo_flush;' for i in range(TOKENS))
     conf = tmp_path / "nginx.conf"
     conf.write_text(f"""
 load_module {ECHO_MODULE};
-user root;
-worker_processes 1;
+master_process off;
 daemon off;
 pid {tmp_path}/nginx.pid;
 error_log {tmp_path}/error.log;
@@ -131,7 +141,7 @@ events {{ worker_connections 64; }}
 http {{
     access_log off;
     server {{
-        listen 127.0.0.1:{port};
+        listen {addr}:{port};
         location = /stream {{ echo_sleep 0.11; {tokens} }}
         location = /ok {{ return 200 "ok\\n"; }}
         location = /missing {{ return 404; }}
@@ -139,27 +149,28 @@ http {{
     }}
 }}
 """)
-    started(["nginx", "-p", tmp_path, "-e", tmp_path / "error.log", "-c", conf])
-    wait_listening(port)
-    collector = kernel([ServiceSpec("nginx", port=port)], ["http"])
+    started(["ip", "netns", "exec", ns, "nginx", "-p", tmp_path, "-e", tmp_path / "error.log", "-c", conf])
+    wait_listening(addr, port)
+    collector = kernel([ServiceSpec("nginx", cmdline=f"nginx -p {tmp_path} ")], ["http"])
     collected(collector)
-    answers = on_connections(port, ["/stream"] * STREAMS_PER_CONNECTION)
+    answers = on_connections(addr, port, ["/stream"] * STREAMS_PER_CONNECTION)
     check_streams(collected(collector)["nginx"], answers)
-    answers = on_connections(port, ["/ok", "/missing", "/fail", "/missing"])
+    answers = on_connections(addr, port, ["/ok", "/missing", "/fail", "/missing"])
     check_statuses(collected(collector)["nginx"], answers)
 
 
-def test_fastapi_server_sent_events(kernel, spawn, tag):
-    server = spawn("sse_server", tag)
+def test_fastapi_server_sent_events(kernel, spawn, tag, private_host):
+    ns, addr = private_host
+    server = spawn("sse_server", tag, addr, prefix=("ip", "netns", "exec", ns))
     port = int(server.stdout.readline())
-    wait_listening(port)
+    wait_listening(addr, port)
     stream = f"/stream?tokens={TOKENS}&first=0.1&gap=0.025"
-    on_connections(port, [stream])                 # its first requests are slow (imports, first calls)
+    on_connections(addr, port, [stream])                 # its first requests are slow (imports, first calls)
     collector = kernel([ServiceSpec("sse", cmdline=f"sse_server.py {tag}")], ["http"])
     collected(collector)
-    answers = on_connections(port, [stream] * STREAMS_PER_CONNECTION)
+    answers = on_connections(addr, port, [stream] * STREAMS_PER_CONNECTION)
     check_streams(collected(collector)["sse"], answers)
-    answers = on_connections(port, ["/json", "/missing", "/busy", "/broken"])
+    answers = on_connections(addr, port, ["/json", "/missing", "/busy", "/broken"])
     sample = collected(collector)["sse"]
     check_statuses(sample, answers)
     exporter = SampleExporter()

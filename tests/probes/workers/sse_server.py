@@ -1,6 +1,7 @@
 """Test worker: a FastAPI app under uvicorn that streams server-sent events the
 way an OpenAI-style LLM server does (one `data:` event per token, then
-`data: [DONE]`), and fails on purpose; prints its port when ready. argv: TAG.
+`data: [DONE]`), and fails on purpose; prints its port when ready.
+argv: TAG ADDRESS (to listen on).
 GET /stream?tokens=N&first=S&gap=S waits S (prefill) before the first event and
 S between events; /missing is a 404, /broken raises (500), /busy is a 503,
 /json a plain JSON answer (uvicorn writes its headers and body separately)."""
@@ -49,6 +50,6 @@ async def broken():
 
 if __name__ == "__main__":
     sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock.bind((sys.argv[2], 0))
     print(sock.getsockname()[1], flush=True)
     uvicorn.Server(uvicorn.Config(app, log_level="critical", access_log=False)).run(sockets=[sock])
