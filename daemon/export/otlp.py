@@ -121,8 +121,6 @@ def _histogram_points(fam, start_ns: int, now_ns: int) -> list:
 
 
 class OtlpExport:
-    sink = "otlp"
-
     def __init__(self, endpoint: str, environment: str, registry, counters: ExportCounters,
                  metrics_interval_s: float | None):
         from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
@@ -134,7 +132,6 @@ class OtlpExport:
         self.resource = Resource.create(resource_attributes(environment))
         self.scope = InstrumentationScope(SCOPE, self.resource.attributes.get("service.version"))
         self.started_ns, self.last_metrics = time.time_ns(), -math.inf
-        self.said = {name: _SAID[name] for name in (LOGS_LOGGER, METRICS_LOGGER)}
         self.log_exporter = OTLPLogExporter(endpoint=f"{base}/v1/logs", timeout=TIMEOUT_S)
         self.metric_exporter = OTLPMetricExporter(endpoint=f"{base}/v1/metrics", timeout=TIMEOUT_S)
         self.decisions = Outbox("otlp_logs", f"{base}/v1/logs", self._send_decisions, counters)
@@ -162,9 +159,9 @@ class OtlpExport:
 
     def _check(self, logger: str, export) -> None:
         """export(), raising with what its exporter said when it fails."""
-        self.said[logger].clear()
+        _SAID[logger].clear()
         if export().name != "SUCCESS":
-            raise ConnectionError(self.said[logger].text or "the endpoint did not take the batch")
+            raise ConnectionError(_SAID[logger].text or "the endpoint did not take the batch")
 
     def close(self) -> None:
         for outbox in (self.decisions, self.metrics):

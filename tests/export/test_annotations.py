@@ -93,7 +93,8 @@ def test_pushed_and_rolled_back_decisions_become_the_documented_requests(make_da
         assert f"api.rate_limit_rps: {entry.old} -> {entry.new} ({entry.outcome})" in body["text"]
     assert "100.0 -> 90.0" in accepted[0]["text"] and "90.0 -> 100.0" in accepted[1]["text"]
     assert len(accepted) == len(shown), f"only pushed and rolled-back decisions, not {held}"
-    assert metric_value(daemon, "slotune_export_sent_total", sink="grafana") == len(shown)
+    wait_for(lambda: metric_value(daemon, "slotune_export_sent_total", sink="grafana") == len(shown),
+             "both counted as sent")
     print(f"annotations: {[b['text'] for b in accepted]}")
 
 

@@ -127,7 +127,8 @@ def test_metrics_and_decisions_arrive_as_the_otlp_requests(make_daemon, collecto
         assert fields == {"slotune.service": "api", "slotune.tuner": "throttle", "slotune.setting": "rate_limit_rps",
                           "slotune.outcome": "pushed", "slotune.old": entry.old, "slotune.new": entry.new,
                           "slotune.reason": entry.reason, "slotune.decision": entry.decision}
-    assert metric_value(daemon, "slotune_export_sent_total", sink="otlp_logs") == len(pushed)
+    wait_for(lambda: metric_value(daemon, "slotune_export_sent_total", sink="otlp_logs") == len(pushed),
+             "the decisions counted as sent")
     print(f"OTLP metrics: {len(metrics)} families; decision log: {collector.log_records()[0].body.string_value}")
 
 
