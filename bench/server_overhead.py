@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -188,8 +189,12 @@ class Bpftrace(Tracer):
         raise SystemExit(f"bpftrace did not start (exit {self.proc.wait()})")
 
     def stop(self):
-        self.proc.terminate()
-        self.proc.communicate(timeout=30)
+        self.proc.send_signal(signal.SIGINT)      # prints its maps and detaches
+        try:
+            self.proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
 
 
 def program_stats(collector) -> dict[str, tuple[int, int]]:

@@ -165,14 +165,61 @@ def listening_table(net_dir: str) -> dict[int, int]:
     return out
 
 
-def listening_sockets(pids) -> frozenset[int]:
-    """Inodes of the listening TCP sockets in our own namespace and in those of `pids`
-    (one process per namespace): a cheap fingerprint that changes exactly when some
-    process there starts or stops listening."""
-    inodes = set(listening_table("/proc/net"))
-    for pid in pids:
-        inodes |= listening_table(f"/proc/{pid}/net").keys()
-    return frozenset(inodes)
+def own_listening_table() -> dict[int, int]:
+    """listening_table("/proc/net"), asked of the kernel by sock_diag netlink with a
+    LISTEN filter: /proc/net/tcp formats every socket of the namespace, and a busy
+    host has thousands (TIME_WAIT), read every interval. Falls back to /proc/net."""
+    import socket
+    import struct
+    out = {}
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, SOCK_DIAG) as nl:
+            for family in (socket.AF_INET, socket.AF_INET6):
+                # nlmsghdr + inet_diag_req_v2 (family, IPPROTO_TCP, ext, pad, states, 48-byte sockid)
+                req = struct.pack("=LHHLLBBBxL48x", 72, SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP,
+                                  family, 0, family, socket.IPPROTO_TCP, 0, 1 << TCP_LISTEN)
+                nl.sendto(req, (0, 0))
+                while not _diag_replies(nl.recv(65536), out):
+                    pass
+    except OSError:
+        return listening_table("/proc/net")
+    return out
+
+
+SOCK_DIAG, SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, NLM_F_DUMP, TCP_LISTEN = 4, 20, 1, 0x300, 10
+NLMSG_DONE, NLMSG_ERROR = 3, 2
+
+
+def _diag_replies(data: bytes, out: dict[int, int]) -> bool:
+    """Add the (inode -> port) of each inet_diag_msg in one netlink read; True at the dump's end."""
+    import struct
+    off = 0
+    while off + 16 <= len(data):
+        length, kind = struct.unpack_from("=LH", data, off)
+        if kind == NLMSG_DONE:
+            return True
+        if kind == NLMSG_ERROR or length < 16:
+            raise OSError("sock_diag refused the dump")
+        port = struct.unpack_from("!H", data, off + 16 + 4)[0]        # idiag_sport, network order
+        inode = struct.unpack_from("=L", data, off + 16 + 68)[0]      # idiag_inode
+        out[inode] = port
+        off += (length + 3) & ~3
+    return False
+
+
+def listening_tables(own_netns: int | None, pids: dict[int, int]) -> dict[int | None, dict[int, int]]:
+    """netns -> its listening table, for our own namespace and those of `pids`
+    (netns -> one process in it)."""
+    tables = {own_netns: own_listening_table()}
+    for netns, pid in pids.items():
+        tables[netns] = listening_table(f"/proc/{pid}/net")
+    return tables
+
+
+def listening_sockets(tables: dict) -> frozenset[int]:
+    """Inodes of every listening socket in these tables: a cheap fingerprint that
+    changes exactly when some process there starts or stops listening."""
+    return frozenset(inode for table in tables.values() for inode in table)
 
 
 def socket_inodes(pid: int) -> set[int]:
@@ -192,12 +239,15 @@ def socket_inodes(pid: int) -> set[int]:
     return out
 
 
-def listening_ports(pid: int) -> tuple[int | None, set[int]]:
-    """(network namespace, ports the process listens on there); (None, set()) when it is gone."""
+def listening_ports(pid: int, tables: dict) -> tuple[int | None, set[int]]:
+    """(network namespace, ports the process listens on there); (None, set()) when it is gone.
+    `tables` (netns -> listening table) are reused and filled in."""
     netns = netns_of(pid)
     if netns is None:
         return None, set()
-    table = listening_table(f"/proc/{pid}/net")
+    if netns not in tables:
+        tables[netns] = listening_table(f"/proc/{pid}/net")
+    table = tables[netns]
     return netns, {table[inode] for inode in socket_inodes(pid) if inode in table}
 
 
@@ -273,7 +323,9 @@ class Targeting:
 
     def scan(self) -> dict[str, ServiceProcesses]:
         found = {s.name: ServiceProcesses(s) for s in self.services}
-        inodes = listening_sockets(self.other_netns.values())
+        own = netns_of(self.own_pid)
+        tables = listening_tables(own, self.other_netns)
+        inodes = listening_sockets(tables)
         fresh = inodes != self.listen_inodes   # who listens where is read again only when it changed
         if fresh:
             self.listen_inodes, self.listeners, self.pid_ports = inodes, self.port_listeners(), {}
@@ -315,12 +367,11 @@ class Targeting:
             for pid in procs.tgids:
                 procs.tids |= threads(pid)
                 if pid not in self.pid_ports:
-                    self.pid_ports[pid] = listening_ports(pid)
+                    self.pid_ports[pid] = listening_ports(pid, tables)
                 netns, ports = self.pid_ports[pid]
                 if netns is not None:
                     procs.netns[pid] = netns
                     procs.listen_ports |= {(netns, port) for port in ports}
-        own = netns_of(self.own_pid)
         self.other_netns = {netns: pid for procs in found.values() for pid, netns in procs.netns.items()
                             if netns != own}
         return found
