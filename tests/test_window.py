@@ -51,6 +51,14 @@ def test_without_its_own_histogram_a_service_gets_ebpf_latency():
     assert abs(w.p(0.5) - 0.02) < 0.002
 
 
+def test_with_ebpf_latency_the_errors_are_the_kernels_5xx():
+    status = {("http_status", "2xx"): 7.0, ("http_status", "4xx"): 1.0, ("http_status", "5xx"): 2.0}
+    kernel = Sample("api", "kernel", 0.0, 1.0, histograms={("http_request", ""): Histogram.from_values([20e6] * 10)},
+                    counters=status)
+    assert build(ServiceSpec("api"), 0.0, 1.0, [kernel]).errors == 2
+    assert build(API, 0.0, 1.0, [service_sample(), kernel]).errors == 1    # the service's own count wins
+
+
 def test_merging_mixed_sources_keeps_the_latest_source_only():
     service = build(API, 0.0, 1.0, [service_sample()])
     ebpf = build(API, 1.0, 2.0, [ebpf_sample([20e6] * 5)])

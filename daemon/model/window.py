@@ -17,6 +17,7 @@ from daemon.model.service import ServiceSpec
 EBPF_LATENCY: Key = ("http_request", "")
 EBPF_TTFT: Key = ("http_first_byte", "")     # request to the response's first byte: TTFT when it streams
 EBPF_TPOT: Key = ("http_write_gap", "")      # between the writes of one response: the inter-token gap
+EBPF_ERRORS: Key = ("http_status", "5xx")     # server errors, read from the responses' status lines
 ERROR_OUTCOMES = ("error",)
 REJECTED_OUTCOMES = ("rejected",)
 
@@ -116,6 +117,7 @@ def build(spec: ServiceSpec, start: float, end: float, samples: list[Sample]) ->
         rejected = sum(h.count for outcome, h in by_outcome if outcome in REJECTED_OUTCOMES)
     if latency is None and EBPF_LATENCY in histograms:
         latency, source = histograms[EBPF_LATENCY], "ebpf"
+        errors = counters.get(EBPF_ERRORS, 0.0)
     ttft = (_family(histograms, spec.ttft_metric) if spec.ttft_metric else None) or histograms.get(EBPF_TTFT)
     tpot = (_family(histograms, spec.tpot_metric) if spec.tpot_metric else None) or histograms.get(EBPF_TPOT)
     return Window(spec.name, start, end, spec.slo_p99_s, latency, source, errors, rejected, histograms, counters,
