@@ -44,6 +44,7 @@ class ServiceControl:
     states: dict[str, object] = field(default_factory=dict)
     last_decision: dict[str, float] = field(default_factory=dict)
     stopped: set[str] = field(default_factory=set)     # tuners that cannot run on this service
+    recommended: dict[str, float] = field(default_factory=dict)   # restart-only settings, as last recommended
     retry_at: float = 0.0
     backoff_s: float = 1.0
     reachable: bool = False
@@ -217,6 +218,9 @@ class ControlLoop:
         if stop is not None:
             return self._audit([replace(e, outcome=stop, detail=why) for e in planned])
         if any(e.setting in sc.conf.recommend for e in planned):   # the whole decision, never a mix
+            if all(sc.recommended.get(e.setting) == e.new for e in planned):
+                return []     # said already, and nothing has changed since
+            sc.recommended.update({e.setting: e.new for e in planned})
             how = ", ".join(f"{e.setting} as {sc.conf.recommend.get(e.setting, 'is')} {plain(e.new)}" for e in planned)
             return self._audit([replace(e, outcome=Outcome.RECOMMENDED, detail=f"restart-only: set {how} and "
                                         "restart the service") for e in planned])

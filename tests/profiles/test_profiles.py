@@ -344,6 +344,9 @@ def test_a_restart_only_setting_is_recommended_never_pushed(tmp_path):
     assert "OLLAMA_NUM_PARALLEL" in entries[0].detail and "restart" in entries[0].detail
     line = json.loads((tmp_path / "audit.jsonl").read_text().splitlines()[0])
     assert line["outcome"] == "recommended" and line["setting"] == "concurrency_limit"
+    later = Interval.at(4.0, {"llm": [window_at(t, "llm", s) for t, s in ((1.0, 0.02), (2.0, 2.0), (3.0, 2.0),
+                                                                         (4.0, 2.0))]})
+    assert loop.tick(later) == []          # the same recommendation again is not written again
 
 
 def test_admission_by_pushes_the_throttle_through_the_proxy(tmp_path):
