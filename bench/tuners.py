@@ -17,7 +17,7 @@ import numpy as np
 
 BENCHES = {"throttle": "throttle_bench", "batch": "batch_bench", "sampling": "sampling_bench",
            "breaker": "breaker_bench", "drift": "drift_bench", "budget": "budget_bench",
-           "degrade": "degrade_bench", "fleet": "fleet_bench"}
+           "degrade": "degrade_bench", "fleet": "fleet_bench", "continuous_batch": "continuous_batch_bench"}
 
 
 def bench_module(tuner: str):

@@ -1,0 +1,157 @@
+"""Continuous-batching tuner: an LLM server's `max_num_seqs` (sequences in the running
+batch) and `max_num_batched_tokens` (tokens one step may process: the decodes plus the
+prefill chunks) that let the most requests meet both token SLOs, TTFT P99 and TPOT P99
+(goodput as DistServe counts it: a request counts when it meets both).
+
+Why the two SLOs pull apart, and how slotune's policy settles it. A step takes about
+a + b*tokens + c*seqs (bench/step_time_fit.py); every running sequence waits one step per
+token, so TPOT is the step time: it grows with the batch's width (seqs) and with the prefill
+chunk that rides along (tokens beyond one per decode). TTFT is the wait for a slot (while
+max_num_seqs sequences run, the rest queue) plus the prefill's own steps (a prompt of P
+tokens takes about P / (tokens - running) steps). Wider batches and bigger chunks carry more
+load (the fixed cost a is shared) and so cut queueing, and they lengthen every step.
+The step time is the one resource both SLOs spend, so the policy treats TPOT as a budget:
+- TPOT P99 over its target: the step is too wide, so narrow it by the overshoot, on the knob
+  that widened it (the token budget when the steps carry prefill chunks, else the seqs).
+- TTFT P99 over its target with TPOT under its own: spend the TPOT headroom, by the share
+  that keeps TPOT within its target (a step's time grows at most in proportion to its
+  width), on what TTFT waits for: seqs when sequences queue for a slot, tokens when the
+  steps are full of prefill.
+- Both within target: hold. A setting that is not binding costs nothing, and shrinking it
+  would only make the next burst queue.
+- The KV cache full or preempting: more sequences cannot all be held, and a preempted one
+  recomputes its whole context and stalls its stream: seqs go to the running count the
+  cache held, and grow no further while it is nearly full.
+Both over at once is overload that no batch shape clears: the TPOT rule wins, because a
+step over the TPOT SLO fails every running request, while the queue only fails the late.
+
+Anchors: "whitepaper", the whitepaper's batch rule (b = ((0.8*SLO - 8.3)/(2.1*1.28))^2,
+clamp 1..128, every 30 s) applied to max_num_seqs with the TPOT SLO as the per-batch latency
+(a step is the batch every running sequence waits for); its token budget is left as found.
+Static anchors (vLLM's defaults, a Sarathi-Serve token budget, the best static grid point)
+live in bench/sim/continuous_batch_bench.py: they decide nothing."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tuners.base import Decision, Policy, changed, clamp, setting
+from tuners.batch import whitepaper_size
+
+INTERVAL_S = 2.0
+SEQS, TOKENS = "max_num_seqs", "max_num_batched_tokens"
+SEQS_BOUNDS = (1.0, 1024.0)
+TOKENS_BOUNDS = (16.0, 65536.0)
+
+
+@dataclass(frozen=True)
+class Observation:
+    now: float
+    slo_ttft_s: float          # the service's TTFT P99 objective
+    slo_tpot_s: float          # its TPOT P99 objective (time per output token)
+    ttft_p99_s: float          # of the first tokens of the window (0 when none)
+    tpot_p99_s: float          # of the requests finished in the window (0 when none)
+    itl_mean_s: float          # mean gap between two tokens of a sequence, over the window's gaps (0 when none)
+    requests: int              # requests the window's quantiles come from
+    running: float             # sequences in the running batch, mean over the window
+    waiting: float             # sequences waiting to be admitted, mean over the window
+    kv_usage: float            # KV cache in use, largest share over the window (0..1)
+    preemptions: float         # sequences preempted in the window
+    step_tokens: float         # tokens processed by one step (decodes + prefill chunks), mean over the window
+    step_tokens_p99: float     # and its P99 over the window's steps
+
+
+def _read(settings) -> tuple[float, float]:
+    tokens = clamp(setting(settings, TOKENS, "continuous_batch"), *TOKENS_BOUNDS)
+    return clamp(setting(settings, SEQS, "continuous_batch"), SEQS_BOUNDS[0], min(SEQS_BOUNDS[1], tokens)), tokens
+
+
+@dataclass(frozen=True)
+class State:
+    seqs: float
+    tokens: float
+    last_change: float = -math.inf
+
+
+def _init(settings):
+    return State(*_read(settings))
+
+
+def _move(state: State, seqs: float, tokens: float, why: str, now: float):
+    tokens = clamp(float(round(tokens)), *TOKENS_BOUNDS)
+    seqs = clamp(float(round(seqs)), SEQS_BOUNDS[0], min(SEQS_BOUNDS[1], tokens))   # vLLM refuses seqs > tokens
+    changes = changed(state.seqs, seqs, SEQS) | changed(state.tokens, tokens, TOKENS)
+    return State(seqs, tokens, now if changes else state.last_change), Decision(changes, why)
+
+
+# --- whitepaper 2.3's batch rule on max_num_seqs, the TPOT SLO as the batch's latency, every 30 s
+def _wp_decide(state: State, obs: Observation):
+    if obs.now - state.last_change < 30.0:
+        return state, Decision({}, "whitepaper recomputes every 30 s")
+    slo_ms = obs.slo_tpot_s * 1e3
+    return _move(state, whitepaper_size(slo_ms), state.tokens, f"b = ((0.8*{slo_ms:.0f} - 8.3)/2.69)^2", obs.now)
+
+
+# --- slotune: TPOT is the budget the step time spends; TTFT gets what TPOT leaves
+TARGET = 0.85        # aim both P99s at this share of their SLOs
+MAX_GROWTH = 1.5     # largest rise per decision (the TPOT it costs shows only a window later)
+MIN_CUT = 0.5        # largest cut per decision
+KV_FULL = 0.95       # KV cache share above which more sequences would not fit
+PREFILL_HEAVY = 2.0  # the token budget's floor, per running sequence: as many prefill tokens as decodes
+SLOT_BOUND = 0.9     # running at this share of max_num_seqs with a queue: sequences wait for a slot
+TOKEN_BOUND = 0.9    # steps at this share of max_num_batched_tokens: prefill waits for the budget
+
+
+def _slotune_decide(state: State, obs: Observation):
+    if obs.requests <= 0:
+        return state, Decision({}, "no requests in the window")
+    # a request's TPOT is known when it ends, a lifetime late; the gaps of the window are what a
+    # request running now gets (its TPOT is their mean), so the TPOT a change makes shows at once
+    tpot = obs.itl_mean_s / (TARGET * obs.slo_tpot_s)
+    ttft = obs.ttft_p99_s / (TARGET * obs.slo_ttft_s)
+    running = max(obs.running, 1.0)
+    seqs, tokens = state.seqs, state.tokens
+    figures = (f"TTFT P99 {obs.ttft_p99_s * 1e3:.0f} ms, TPOT P99 {obs.tpot_p99_s * 1e3:.1f} ms, "
+               f"inter-token {obs.itl_mean_s * 1e3:.1f} ms, "
+               f"running {obs.running:.0f}, waiting {obs.waiting:.0f}")
+    if obs.preemptions > 0 or obs.kv_usage >= KV_FULL:
+        held = min(seqs, running)
+        seqs = held * (0.9 if obs.preemptions > 0 else 1.0)
+        why = f"KV cache {obs.kv_usage:.0%} full, {obs.preemptions:.0f} preempted: seqs to {seqs:.0f}"
+        if tpot > 1:
+            tokens = max(PREFILL_HEAVY * running, min(tokens, obs.step_tokens_p99) / tpot)
+            why += f"; TPOT over target: token budget x{1 / tpot:.2f}"
+        return _move(state, seqs, tokens, f"{figures}; {why}", obs.now)
+    if tpot > 1:   # a step takes about a + b*tokens + c*seqs: shrinking both by `cut` shrinks it by about that
+        cut = max(MIN_CUT, 1 / tpot)
+        seqs, tokens = min(seqs, running * cut), min(tokens, max(obs.step_tokens_p99, running) * cut)
+        why = f"TPOT over target: the step's sequences and tokens x{cut:.2f}"
+        return _move(state, seqs, tokens, f"{figures}; {why}", obs.now)
+    if ttft > 1:
+        grow = min(MAX_GROWTH, 1 / max(tpot, 1e-9))
+        if grow <= 1.02:
+            return state, Decision({}, f"{figures}; TTFT over target, no TPOT headroom left: hold")
+        slot_bound = obs.waiting >= 1 and obs.running >= SLOT_BOUND * seqs
+        token_bound = obs.step_tokens_p99 >= TOKEN_BOUND * tokens
+        if slot_bound:
+            seqs = max(seqs * grow, seqs + 1)
+            tokens = max(tokens, seqs)
+            why = f"TTFT over target, sequences waiting for a slot: seqs x{grow:.2f}"
+        elif token_bound:
+            tokens = tokens * grow
+            why = f"TTFT over target, prefill waiting for the token budget: token budget x{grow:.2f}"
+        else:
+            return state, Decision({}, f"{figures}; TTFT over target with neither setting binding: hold")
+        return _move(state, seqs, tokens, f"{figures}; {why}", obs.now)
+    return state, Decision({}, f"{figures}; both within target: hold")
+
+
+FIELDS = {SEQS: "seqs", TOKENS: "tokens"}   # Policy.resync writes the settings in force here
+
+POLICIES = {
+    "slotune": Policy("slotune", "TPOT P99 as the step-time budget: narrow the knob that widened the step when "
+                      "it is over; spend its headroom on what TTFT waits for (a slot or the token budget)",
+                      _init, _slotune_decide, fields=FIELDS),
+    "whitepaper": Policy("whitepaper", "max_num_seqs = ((0.8*TPOT SLO - 8.3)/(2.1*1.28))^2, 1..128, every 30 s",
+                         _init, _wp_decide, fields=FIELDS),
+}
