@@ -4,6 +4,7 @@ counted exactly once (new connections and keep-alive ones alike)."""
 import http.client
 
 from daemon.model.service import ServiceSpec
+from tests.probes.agreement import record
 from tests.probes.conftest import collected, hist
 
 SLEEP_S = 0.04
@@ -30,6 +31,9 @@ def test_request_latency_median_and_exact_count(kernel, spawn, tag):
     conn.close()
     h = hist(collected(collector)["web"].histograms, KEY)
     print(f"{h.count} requests, p50 {h.quantile(0.5) * 1e3:.1f} ms, mean {h.mean() * 1e3:.1f} ms")
+    record("HTTP requests (Python http.server)", "the requests the client sent", h.count, requests, "requests", "exact")
+    record("HTTP request latency P50 (Python http.server)", "the handler's fixed sleep", h.quantile(0.5) * 1e3,
+           SLEEP_S * 1e3, "ms", "within 10 %")
     assert h.count == requests
     assert abs(h.quantile(0.5) - SLEEP_S) <= 0.1 * SLEEP_S
 

@@ -7,6 +7,7 @@ import os
 import time
 
 from daemon.model.service import ServiceSpec
+from tests.probes.agreement import record
 from tests.probes.conftest import collected, hist
 
 WAKEUPS = 150
@@ -68,6 +69,8 @@ def test_hog_beside_a_shifts_a_not_b(kernel, spawn, tag):
           f"B {p50['quiet']['b'] * 1e6:.0f} -> {p50['busy']['b'] * 1e6:.0f}")
     for phase in (quiet, busy):
         for name, (h, expected) in phase.items():
+            record("run-queue waits (wakeups counted)", "the wakeups the test's sleeper caused", h.count, expected,
+                   "wakeups", "within 5 % of the wakeups")
             assert abs(h.count - expected) <= 0.05 * WAKEUPS, f"{name}: counted {h.count}, caused {expected}"
     assert p50["busy"]["a"] >= 10 * p50["quiet"]["a"]
     assert p50["busy"]["b"] < 10 * p50["quiet"]["b"]
