@@ -57,25 +57,25 @@ class Haproxy:
 
 
 @contextlib.contextmanager
-def haproxy(folder: Path, backend_port: int, maxconn: int = 64, *, port: int = 0, extra_global: str = ""):
+def haproxy(folder: Path, backend_port: int, maxconn: int = 64, *, queue_timeout_ms: int = 60_000):
     """HAProxy in front of 127.0.0.1:backend_port: frontend fe_main -> backend be_app, server app
-    with `maxconn`, an admin stats socket at folder/admin.sock and its Prometheus exporter on /metrics."""
+    with `maxconn` (a request that waits longer than queue_timeout_ms for it gets HAProxy's 503),
+    an admin stats socket at folder/admin.sock and its
+    Prometheus exporter on /haproxy-metrics."""
     folder.mkdir(parents=True, exist_ok=True)
-    if not port:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     sock = folder / "admin.sock"
     (folder / "haproxy.cfg").write_text(f"""global
     stats socket {sock} mode 600 level admin
     maxconn 2000
-{extra_global}
 defaults
     mode http
     timeout connect 2s
     timeout client 60s
     timeout server 60s
-    timeout queue 60s
+    timeout queue {queue_timeout_ms}ms
 frontend fe_main
     bind 127.0.0.1:{port}
     maxconn 1000
@@ -111,20 +111,29 @@ class Nginx:
     access_log: Path
     folder: Path
 
+    pid_file: Path
+
+    def workers(self) -> set[int]:
+        return {int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == self.master_pid}
+
+    def wait_for_old_workers(self, old: set[int], timeout: float = 10.0) -> None:
+        """Until the workers of before a reload have finished and exited (they still accept for a moment)."""
+        deadline = time.monotonic() + timeout
+        while self.workers() & old:
+            assert time.monotonic() < deadline, "nginx's old workers did not exit"
+            time.sleep(0.05)
+
     def statuses(self) -> list[int]:
         """The status of every request in the access log so far (its format is just the status)."""
         if not self.access_log.exists():
             return []
         return [int(s) for s in self.access_log.read_text().split()]
 
-    def workers(self) -> set[int]:
-        return {int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == self.master_pid}
 
-
-def _ppid(pid: int) -> int | None:
+def _parent(pid: int) -> int | None:
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rpartition(")")[2].split()[1])
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rpartition(b")")[2].split()[1])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -133,7 +142,8 @@ def _ppid(pid: int) -> int | None:
 def nginx(folder: Path, include_text: str, *, delay_s: float = 0.2):
     """nginx (with Debian's echo module) on a free port: location /slow answers after `delay_s`
     (echo_sleep), /nginx_status is stub_status; `include` is included at server level, so
-    its limit_conn applies there. Runs as the invoking user, everything in folder."""
+    its limit_conn applies there. Its workers run as nobody when started by root; everything
+    else is in folder."""
     folder.mkdir(parents=True, exist_ok=True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -141,7 +151,7 @@ def nginx(folder: Path, include_text: str, *, delay_s: float = 0.2):
     include, conf, access = folder / "slotune-limits.conf", folder / "nginx.conf", folder / "access.log"
     include.write_text(include_text)
     include.chmod(0o640)
-    user = "user root;" if os.geteuid() == 0 else ""
+    user = "user nobody nogroup;" if os.geteuid() == 0 else ""
     conf.write_text(f"""load_module /usr/share/nginx/modules/ngx_http_echo_module.so;
 {user}
 worker_processes 1;
@@ -156,7 +166,7 @@ http {{
     fastcgi_temp_path {folder}/fastcgi;
     uwsgi_temp_path {folder}/uwsgi;
     scgi_temp_path {folder}/scgi;
-    limit_conn_zone $server_name zone=perserver:1m;
+    limit_conn_zone $server_port zone=perserver:1m;
     limit_conn_status 503;
     server {{
         listen 127.0.0.1:{port};
@@ -174,11 +184,12 @@ http {{
             assert time.monotonic() < deadline, "nginx wrote no pid file"
             time.sleep(0.05)
         _wait_port(port, None, "nginx")
-        yield Nginx(int(pid_file.read_text()), conf, include, port, access, folder)
+        yield Nginx(int(pid_file.read_text()), conf, include, port, access, folder, pid_file)
     finally:
         with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
             pid = int(pid_file.read_text())
             os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + 10
-            while _ppid(pid) is not None and time.monotonic() < deadline:
+            while time.monotonic() < deadline:
+                os.kill(pid, 0)       # ProcessLookupError once it is gone
                 time.sleep(0.05)

@@ -5,23 +5,19 @@ mode and owner stay) in one atomic replace (temp file, fsync, rename, fsync of t
 folder); the signal goes, by pidfd, only to one of the service's own processes."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import signal as signals
-import stat
-import tempfile
 from pathlib import Path
 from typing import Callable
 
 from daemon.config import signal_number
 from daemon.control.actuators import ActuatorError, numeric_settings, plain
-from daemon.control.actuators.safe_files import read_regular
+from daemon.control.actuators.safe_files import read_regular, replace_file
 
 SETTINGS_MAX_BYTES = 1 << 20
 PID_FILE_MAX_BYTES = 64
-NEW_FILE_MODE = 0o644
 
 
 class FileActuator:
@@ -64,29 +60,8 @@ class FileActuator:
                 os.close(pidfd)
 
     def _write(self, settings: dict, st: os.stat_result | None) -> None:
-        """Replace the file with settings, as its owner and mode had it; on failure nothing changes."""
-        tmp = ""
-        try:
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                if st is not None:
-                    os.fchown(f.fileno(), st.st_uid, st.st_gid)
-                os.fchmod(f.fileno(), stat.S_IMODE(st.st_mode) if st is not None else NEW_FILE_MODE)
-                json.dump(settings, f, indent=2, ensure_ascii=False)
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-            folder = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(folder)
-            finally:
-                os.close(folder)
-        except OSError as exc:
-            if tmp:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-            raise ActuatorError(f"cannot write {self.path}: {exc.strerror}", unreachable=False) from None
+        replace_file(str(self.path), (json.dumps(settings, indent=2, ensure_ascii=False) + "\n").encode(), st,
+                     "settings file")
 
     def _service_process(self) -> int:
         """A pidfd on the process the pid file names, once it is known to be one of the service's own."""

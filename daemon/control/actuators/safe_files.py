@@ -1,15 +1,19 @@
 """Reads the files a root daemon is pointed at (settings, pid and token files)
 without trusting them: never through a symbolic link, never a device or a FIFO,
-never more than a cap; a token's contents never appear in a message."""
+never more than a cap; a token's contents never appear in a message. Replaces
+a file it owns in one atomic step that keeps the file's mode and owner."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
+import tempfile
 
 from daemon.control.actuators import ActuatorError
 
 TOKEN_MAX_BYTES = 4096
+NEW_FILE_MODE = 0o644
 
 
 def read_regular(path: str, what: str, limit: int) -> tuple[bytes, os.stat_result]:
@@ -65,3 +69,30 @@ def read_token(path: str) -> str:
         raise ActuatorError(f"token file {path} holds a character that cannot go in an HTTP header "
                             "(a token is visible ASCII, no spaces)", unreachable=False)
     return token.decode("ascii")
+
+
+def replace_file(path: str, data: bytes, st: os.stat_result | None, what: str) -> None:
+    """Replace the file at path with data, with the owner and mode st had (a new file: root's, 0644):
+    a temporary file beside it, fsynced, renamed over it (a link there is replaced, never followed),
+    then the folder fsynced. On failure nothing changes and ActuatorError says why."""
+    folder, tmp = os.path.dirname(os.path.abspath(path)), ""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.")
+        with os.fdopen(fd, "wb") as f:
+            if st is not None:
+                os.fchown(f.fileno(), st.st_uid, st.st_gid)
+            os.fchmod(f.fileno(), stat.S_IMODE(st.st_mode) if st is not None else NEW_FILE_MODE)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        if tmp:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        raise ActuatorError(f"cannot write {what} {path}: {exc.strerror}", unreachable=False) from None

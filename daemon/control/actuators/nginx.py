@@ -1,0 +1,157 @@
+"""Pushes limits into nginx through one include file slotune owns: each setting
+is one directive line written from its target (`limit_conn perserver {}` ->
+`limit_conn perserver 8;`), only its number changed, every other byte kept. A
+push replaces the file atomically (safe_files: no link followed, mode and owner
+kept, fsync), validates with `nginx -t -c CONF`, reloads with `nginx -s reload
+-c CONF`, and with pid_file checks the master started new workers (the reload
+took); if any step fails the previous file is put back byte for byte.
+Directives: nginx docs, ngx_http_limit_conn_module (limit_conn), ngx_http_limit_req_module
+(limit_req_zone rate=Nr/s, limit_req burst=N), ngx_http_upstream_module (server ... max_conns=N);
+command line: nginx.org/en/docs/switches.html; reload: nginx.org/en/docs/control.html."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+
+from daemon.config import Control
+from daemon.control.actuators import ActuatorError, plain, read_back
+from daemon.control.actuators.safe_files import read_regular, replace_file
+
+INCLUDE_MAX_BYTES = 1 << 16
+PID_FILE_MAX_BYTES = 64
+NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
+TEMPLATE = re.compile(r"[a-z_]+ [^;{}#\n\"'\\]*\{\}[^;{}#\n\"'\\]*")   # one directive, one {} for the value
+
+
+def target_error(target: str) -> str | None:
+    if not TEMPLATE.fullmatch(target) or target.count("{}") != 1:
+        return (f"{target!r} is not one nginx directive with {{}} where the value goes and no ; # quotes "
+                "or other braces, e.g. \"limit_conn perserver {}\" or \"limit_req zone=api burst={}\"")
+    return None
+
+
+def from_control(control: Control) -> "NginxActuator":
+    return NginxActuator(control.path, control.conf, control.targets, control.binary, control.pid_file)
+
+
+class NginxActuator:
+    def __init__(self, path: str, conf: str, targets: dict[str, str], binary: str = "/usr/sbin/nginx",
+                 pid_file: str = "", timeout_s: float = 10.0):
+        self.path, self.conf, self.binary, self.pid_file = path, conf, binary, pid_file
+        self.targets, self.timeout_s = dict(targets), timeout_s
+        self.lines = {s: re.compile(r"^(\s*" + re.escape(t.split("{}")[0]) + ")" + NUMBER + "(" +
+                                    re.escape(t.split("{}")[1]) + r"\s*;)", re.M) for s, t in targets.items()}
+
+    def _read(self) -> tuple[bytes, os.stat_result]:
+        try:
+            return read_regular(self.path, "nginx include file", INCLUDE_MAX_BYTES)
+        except FileNotFoundError:
+            raise ActuatorError(f"nginx include file {self.path} does not exist: write it with a line per setting "
+                                f"({self._example()}) and include it from {self.conf}", unreachable=False) from None
+
+    def _values(self, text: str) -> dict[str, float]:
+        out = {}
+        for setting, rx in self.lines.items():
+            found = rx.findall(text)
+            if len(found) != 1:
+                raise ActuatorError(f"nginx include file {self.path} has {len(found)} lines "
+                                    f"`{self.targets[setting].replace('{}', 'N')};` for setting {setting}; "
+                                    "it needs exactly one", unreachable=False)
+            out[setting] = float(found[0][1])
+        return out
+
+    def current(self) -> dict[str, float]:
+        return self._values(self._read()[0].decode("utf-8", errors="replace"))
+
+    def push(self, changes: dict[str, float]) -> None:
+        unknown = [s for s in changes if s not in self.targets]
+        if unknown:
+            raise ActuatorError(f"setting {unknown[0]} has no nginx directive: add it to [control.targets] "
+                                f"({self._example()}); nothing was written", unreachable=False)
+        old, st = self._read()
+        text = old.decode("utf-8", errors="strict")
+        self._values(text)        # every setting's line is there, once
+        for setting, value in changes.items():
+            if value < 0:
+                raise ActuatorError(f"setting {setting} = {value:g}: nginx takes no negative value here; "
+                                    "nothing was written", unreachable=False)
+            text = self.lines[setting].sub(lambda m, v=value: f"{m[1]}{plain(v)}{m[3]}", text)
+        workers = self._workers()
+        replace_file(self.path, text.encode(), st, "nginx include file")
+        reloading = False
+        try:
+            self._nginx("-t", "rejected the new include file (nothing was reloaded)")
+            reloading = True
+            self._nginx("-s", "reload", "did not reload")
+            self._took(workers)
+            read_back(changes, self.current(), f"nginx include file {self.path}")
+        except ActuatorError as exc:
+            raise ActuatorError(f"{exc}; {self._restore(old, st, reloading)}", exc.unreachable) from None
+
+    def _nginx(self, *args: str) -> None:
+        *flags, why = args
+        command = [self.binary, *flags, "-c", self.conf]
+        try:
+            done = subprocess.run(command, capture_output=True, timeout=self.timeout_s, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise ActuatorError(f"`{' '.join(command)}` took over {self.timeout_s:g} s") from None
+        except OSError as exc:
+            raise ActuatorError(f"cannot run {self.binary}: {exc.strerror}; set [control] binary to nginx's "
+                                "executable", unreachable=False) from None
+        if done.returncode != 0:
+            said = " ".join(done.stderr.decode(errors="replace").split())[-300:]
+            raise ActuatorError(f"`{' '.join(command)}` {why}: {said}", unreachable=False)
+
+    def _workers(self) -> tuple[int, set[int]] | None:
+        """The master's pid and its worker processes now; None without a pid file (nothing to compare)."""
+        if not self.pid_file:
+            return None
+        try:
+            data, _ = read_regular(self.pid_file, "nginx pid file", PID_FILE_MAX_BYTES)
+        except FileNotFoundError:
+            raise ActuatorError(f"nginx pid file {self.pid_file} does not exist (is nginx running?); "
+                                "nothing was written") from None
+        if not re.fullmatch(rb"\s*[0-9]{1,10}\s*", data) or int(data) <= 1:
+            raise ActuatorError(f"nginx pid file {self.pid_file} does not hold a master's pid (it starts "
+                                f"{data[:20]!r}); nothing was written", unreachable=False)
+        return int(data), _children(int(data))
+
+    def _took(self, workers: tuple[int, set[int]] | None) -> None:
+        """With a pid file: the reload took when the master has a worker it did not have before."""
+        if workers is None:
+            return
+        master, before = workers
+        deadline = time.monotonic() + self.timeout_s
+        while not _children(master) - before:
+            if time.monotonic() > deadline:
+                raise ActuatorError(f"nginx (master {master}) started no new workers within "
+                                    f"{self.timeout_s:g} s of the reload: the new config did not take "
+                                    "(its error log says why)", unreachable=False)
+            time.sleep(0.05)
+
+    def _restore(self, old: bytes, st, reload: bool) -> str:
+        """Put the previous file back (and reload it when the new one may have reached nginx)."""
+        try:
+            replace_file(self.path, old, st, "nginx include file")
+            if reload:
+                self._nginx("-s", "reload", "did not reload")
+        except ActuatorError as exc:
+            return f"putting back the previous include file FAILED ({exc})"
+        return "the previous include file is back" + (" and reloaded" if reload else "")
+
+    def _example(self) -> str:
+        return ", ".join(f"`{t.replace('{}', 'N')};`" for t in self.targets.values()) or "`limit_conn perserver 8;`"
+
+
+def _children(master: int) -> set[int]:
+    return {int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == master}
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rpartition(b")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
