@@ -44,6 +44,7 @@ class Listener:
     metrics_url: str = ""
     speaks_http: bool = False
     series: list[tuple[str, dict]] = field(default_factory=list)   # (family, labels) of its metrics
+    called: str = ""     # what its own metrics call it
     name: str = ""
 
     @property
@@ -104,6 +105,8 @@ def probe(listener: Listener, timeout_s: float, paths=PROBE_PATHS) -> None:
         if profile is not None and (named is None or named is profile):
             listener.profile, listener.metrics_url = profile.name, url
             listener.series = _series(body.decode(errors="replace"), profile)
+            listener.called = next((m.group(1) for mark in profile.marks for fam, _ in listener.series
+                                    if (m := re.fullmatch(mark, fam)) and m.groups()), "")
             return
     if named is not None:
         listener.profile = named.name
@@ -142,21 +145,10 @@ def name_them(found: list[Listener]) -> None:
     """Each a service name in the users' words: its profile, else its process; -2, -3 when taken."""
     taken: dict[str, int] = {}
     for listener in found:
-        base = re.sub(r"[^a-z0-9_-]+", "-", (listener.profile if listener.profile not in ("", "reference")
-                                             else NOT_HTTP.get(listener.process, listener.process)).lower()) or "svc"
-        if listener.profile == "reference":
-            base = _reference_name(listener) or base
+        said = listener.called or listener.profile or NOT_HTTP.get(listener.process, listener.process)
+        base = re.sub(r"[^a-z0-9_-]+", "-", said.lower()) or "svc"
         taken[base] = taken.get(base, 0) + 1
         listener.name = base if taken[base] == 1 else f"{base}-{taken[base]}"
-
-
-def _reference_name(listener: Listener) -> str:
-    """The reference stack's service: from its <service>_setting family, else the word
-    after reference_stack on its command line (python -m reference_stack inference)."""
-    fam = next((fam.removesuffix("_setting") for fam, _ in listener.series if fam.endswith("_setting")), "")
-    words = listener.cmdline.split()
-    after = words.index("reference_stack") + 1 if "reference_stack" in words else len(words)
-    return fam or (words[after] if after < len(words) else "")
 
 
 def table(found: list[Listener]) -> str:
@@ -182,15 +174,24 @@ def starter(picked: list[Listener]) -> str:
             out.append(f'profile = "{s.profile}"')
         if s.metrics_url:
             out.append(f'metrics_url = "{s.metrics_url}"')
-        if s.profile == "reference" and s.metrics_url:
-            fam = next((f.removesuffix("_bucket") for f, _ in s.series if f.endswith("_request_duration_seconds_bucket")), "")
-            out += [f'latency_metric = "{fam}"'] if fam else []
+        out += [f'{key} = "{fam}"' for key, fam in _own_families(s, p).items()]
         out.append("slo_p99_ms = 500.0")
         if p is not None:
             out += [f"# {key} = 500.0" for slo, key in profiles.SLO_KEYS.items() if slo != "p99" and slo in p.slos]
             out += _control_hint(s, p)
         out.append("")
     return "\n".join(out)
+
+
+def _own_families(s: Listener, p: profiles.Profile | None) -> dict[str, str]:
+    """latency_metric, ... for a profile that reads them by suffix: the service's family of that suffix."""
+    out = {}
+    for key, signal in profiles.WINDOW_SIGNALS.items():
+        if p is not None and isinstance(p.signals.get(signal), profiles.Suffix):
+            fam = next((f.removesuffix("_bucket") for f, _ in s.series if f.endswith(f"_{signal}_bucket")), "")
+            if fam:
+                out[key] = fam
+    return out
 
 
 def _control_hint(s: Listener, p: profiles.Profile) -> list[str]:

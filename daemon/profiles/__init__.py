@@ -136,6 +136,7 @@ class Profile:
     slos: tuple[str, ...] = ("p99",)               # the objectives that fit it (SLO_KEYS)
     processes: tuple[str, ...] = ()                # process names `slotune discover` knows it by
     marks: tuple[str, ...] = ()                    # families only it exports: how discover recognises it
+                                                   # (a group in one names the service)
     control: tuple[str, ...] = ()                  # its [control] keys beside kind, as starter lines
 
     def __post_init__(self):

@@ -9,12 +9,12 @@ PROFILE = Profile(
     name="reference",
     doc="docs/reference-stack.md",
     signals={s: Suffix() for s in (
-        "queue_wait_seconds", "batch_compute_seconds", "batch_size", "inflight_requests", "traces_total",
+        "request_duration_seconds", "queue_wait_seconds", "batch_compute_seconds", "batch_size", "inflight_requests", "traces_total",
         "tool_calls_total", "breaker_open", "tool_duration_seconds", "stage_duration_seconds",
         "time_to_first_token_seconds", "inter_token_latency_seconds", "num_requests_running",
         "num_requests_waiting", "kv_cache_usage_ratio")},
     settings=None,
     slos=("p99", "ttft", "tpot"),
     processes=("reference_stack",),
-    marks=(r"[a-z]+_setting",),      # every reference service exports <service>_setting{setting}
+    marks=(r"([a-z]+)_setting",),    # every reference service exports <service>_setting{setting}
 )
