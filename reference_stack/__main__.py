@@ -14,9 +14,12 @@ from .service import DEFAULT_RUN_DIR
 SERVICES = {"gateway": "gateway", "inference": "inference", "tool": "tools", "sidecar": "sidecar", "load": "loadgen"}
 HELP = {"gateway": "run the agent gateway in the foreground", "inference": "run the inference server in the foreground",
         "tool": "run one tool server in the foreground", "sidecar": "run the TLS sidecar in the foreground",
-        "load": "drive the gateway with open-loop load and print P50/P95/P99"}
+        "load": "open-loop load, printing its quantiles: the gateway's /query (default) or, with --workload llm, "
+                "streaming completions to an inference server in LLM mode (TTFT, TPOT, goodput)"}
 EXAMPLES = """examples:
   python -m reference_stack up                       # whole stack on 8080/8100/8201-8203/8443, Redis on 6390
+  python -m reference_stack up --llm                 # the inference server in LLM mode, the gateway streaming
+  python -m reference_stack load --workload llm --rate 1 --duration 20 --slo-ttft-ms 500 --slo-tpot-ms 50
   python -m reference_stack load --rate 30 --duration 60 --profile step --csv /tmp/load.csv
   python -m reference_stack down
   python -m reference_stack up --set inference.max_batch_size=16 --set search.failure_rate=0.2
@@ -37,13 +40,16 @@ def _up_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="SERVICE.KEY=VALUE",
                    help="initial setting; SERVICE is gateway, inference, sidecar or a tool's name")
     p.add_argument("--device", default="auto", help="inference device: auto, cpu, cuda, cuda:N")
+    p.add_argument("--llm", action="store_true",
+                   help="start the inference server in LLM mode (--mode llm: OpenAI-compatible streaming "
+                        "completions, continuous batching); the gateway then streams from it")
 
 
 def _config(args) -> launcher.StackConfig:
     cfg = launcher.StackConfig(run_dir=args.run_dir, gateway_port=args.gateway_port,
                                inference_port=args.inference_port, sidecar_port=args.sidecar_port,
                                sidecar_admin_port=args.sidecar_admin_port, redis_port=args.redis_port,
-                               inference_args=["--device", args.device])
+                               inference_args=["--device", args.device, *(["--mode", "llm"] if args.llm else [])])
     for pair in args.tool_port:
         name, _, port = pair.partition("=")
         if name not in cfg.tool_ports or not port.isdigit():

@@ -1,7 +1,11 @@
 """The agent gateway: POST /query {"query"} passes the rate limit, the intent
 gate, the three caches of tool results, the tool DAG (each tool behind a
 breaker), then asks the LLM (directly or through the TLS sidecar), and answers
-{"answer", "tools", "cache", "degraded", "trace_id"?}. Each tool call and the
+{"answer", "tools", "cache", "degraded", "trace_id"?}. The LLM is the inference
+server's POST /generate, or, started with --inference-api openai (a server in
+LLM mode), its streaming POST /v1/completions: then {"query", "stream": true}
+streams the answer back token by token (server-sent events) and the gateway
+times its own time to first token. Each tool call and the
 LLM call run under a time budget (tool_timeout_ms, llm_timeout_ms). A failed,
 timed-out or refused tool makes the answer degraded (HTTP 200), never a 500; so
 does the dimmer, for its degrade_ratio share of the queries (no tool calls,
@@ -56,10 +60,16 @@ SETTINGS = [
     Setting("degrade_ratio", float, 0, 1, 0.0,
             "share of the queries answered degraded: no tool calls (cached results or none) and "
             "degrade_max_tokens from the LLM; 0.25 degrades every 4th"),
-    Setting("degrade_max_tokens", int, 1, 4096, 4, "max_new_tokens asked of the LLM for a dimmed answer"),
+    Setting("degrade_max_tokens", int, 1, 4096, 4,
+            "max_new_tokens (openai API: max_tokens) asked of the LLM for a dimmed answer"),
 ]
 BUCKETS = (.005, .01, .025, .05, .075, .1, .15, .2, .3, .5, .75, 1, 1.5, 2, 3, 5, 10)
+INFERENCE_APIS = ("generate", "openai")
 REQUEST = Histogram("gateway_request_duration_seconds", "time to answer a query", ["outcome"], buckets=BUCKETS)
+TTFT = Histogram("gateway_time_to_first_token_seconds",
+                 "a query's arrival to the LLM's first token reaching the gateway (openai API only)",
+                 buckets=(.001, .0025, .005, .0075, .01, .015, .02, .03, .05, .075, .1, .15, .2, .3, .5, .75, 1,
+                          1.5, 2, 3, 5, 10))
 STAGE = Histogram("gateway_stage_duration_seconds", "time spent per stage of a query", ["stage"], buckets=BUCKETS)
 CACHE = Counter("gateway_cache_requests_total", "tool-result cache lookups by the level that answered", ["level"])
 DEGRADED = Counter("gateway_degraded_total", "answers given degraded (still 200), by why: dimmer or tools",
@@ -85,6 +95,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where a tool lives (default http://127.0.0.1:<its port>; repeatable)")
     parser.add_argument("--parallel-tools", type=int, default=8, help="most tool calls in flight per query")
     parser.add_argument("--cache-ttl-s", type=int, default=300, help="Redis TTL of a cached tool result")
+    parser.add_argument("--inference-api", choices=INFERENCE_APIS,
+                        default=env("SLOTUNE_STACK_INFERENCE_API", "generate"),
+                        help="generate: the inference server's POST /generate (its default mode); openai: its "
+                             "streaming POST /v1/completions (a server started with --mode llm)")
+    parser.add_argument("--llm-model", default="reference-decoder",
+                        help="the model the openai API's requests name (the server's --served-model-name)")
 
 
 def tool_urls(pairs: list[str]) -> dict[str, str]:
@@ -194,20 +210,45 @@ class Gateway:
         self.vectors.put(embed(query, ENTITIES), results)
         await self.redis.put(query, results)
 
-    async def ask_llm(self, prompt: str, max_new_tokens: int | None = None) -> str:
+    async def ask_llm(self, prompt: str, max_new_tokens: int | None = None, on_token=None) -> str:
+        """The LLM's answer to prompt; with the openai API each token is passed to on_token as it comes."""
         via_sidecar = self.settings["llm_via_sidecar"]
         if via_sidecar and self.tls is None:
             raise RuntimeError(f"llm_via_sidecar is on but the certificate {self.args.cert or 'tls.crt'} is missing")
         session, base = (self.tls, self.args.sidecar_url) if via_sidecar else (self.http, self.args.inference_url)
+        timeout = aiohttp.ClientTimeout(total=self.settings["llm_timeout_ms"] / 1000)
+        if self.args.inference_api == "openai":
+            return await self.stream_completion(session, base.rstrip("/"), prompt, max_new_tokens, on_token, timeout)
         ask = {"prompt": prompt} if max_new_tokens is None else {"prompt": prompt, "max_new_tokens": max_new_tokens}
-        async with session.post(f"{base.rstrip('/')}/generate", json=ask,
-                                timeout=aiohttp.ClientTimeout(total=self.settings["llm_timeout_ms"] / 1000)) as r:
+        async with session.post(f"{base.rstrip('/')}/generate", json=ask, timeout=timeout) as r:
             body = await r.json(content_type=None)
             if r.status != 200:
                 raise RuntimeError(f"LLM answered {r.status}: {body.get('error', body)}")
             return body["text"]
 
-    async def answer(self, query: str, spans: dict, dimmed: bool) -> dict:
+    async def stream_completion(self, session, base: str, prompt: str, max_tokens: int | None, on_token,
+                                timeout) -> str:
+        """POST /v1/completions with stream true (OpenAI's wire format): one `data:` event per token."""
+        ask = {"model": self.args.llm_model, "prompt": prompt, "stream": True,
+               **({} if max_tokens is None else {"max_tokens": max_tokens})}
+        text = []
+        async with session.post(f"{base}/v1/completions", json=ask, timeout=timeout) as r:
+            if r.status != 200:
+                body = await r.json(content_type=None)
+                raise RuntimeError(f"LLM answered {r.status}: {(body.get('error') or {}).get('message', body)}")
+            async for line in r.content:
+                if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    raise RuntimeError(f"LLM failed mid-stream: {event['error'].get('message', event['error'])}")
+                for choice in event.get("choices", ()):
+                    text.append(choice["text"])
+                    if on_token is not None:
+                        await on_token(choice["text"])
+        return "".join(text)
+
+    async def answer(self, query: str, spans: dict, dimmed: bool, on_token=None) -> dict:
         """Tools (from a cache, else called), then the LLM. A dimmed query calls no tool:
         cached results or none, and degrade_max_tokens from the LLM."""
         t0 = time.monotonic()
@@ -230,14 +271,14 @@ class Gateway:
                     await self.remember(query, results)
         t = time.monotonic()
         prompt = query + "\n" + json.dumps(results, separators=(",", ":")) if results else query
-        text = await self.ask_llm(prompt, self.settings["degrade_max_tokens"] if dimmed else None)
+        text = await self.ask_llm(prompt, self.settings["degrade_max_tokens"] if dimmed else None, on_token)
         spans["llm"] = time.monotonic() - t
         reason = "dimmer" if dimmed else "tools" if any(c.outcome != "ok" for c in calls) else None
         if reason:
             DEGRADED.labels(reason).inc()
         return {"answer": text, "tools": [c.as_json() for c in calls], "cache": level, "degraded": reason is not None}
 
-    async def handle(self, request: web.Request) -> web.Response:
+    async def handle(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
         faults.block_for(self.settings["blocking_io_ms"], self.scratch)
         if not self.bucket.admit(self.settings["rate_limit_rps"], time.monotonic()):
@@ -251,23 +292,44 @@ class Gateway:
             return json_error(429, f"concurrency limit: {limit} queries already in flight")
         try:
             body = await request.json()
-            query = body["query"].strip()
-            if not query:
+            query, stream = body["query"].strip(), body.get("stream", False)
+            if not query or not isinstance(stream, bool):
                 raise ValueError
         except (ValueError, KeyError, TypeError, AttributeError):
-            return json_error(400, 'the body must be JSON {"query": "<non-empty text>"}')
+            return json_error(400, 'the body must be JSON {"query": "<non-empty text>", "stream"?: true|false}')
+        if stream and self.args.inference_api != "openai":
+            return json_error(400, "stream: true needs the gateway started with --inference-api openai "
+                                   "(an inference server in LLM mode)")
         trace_id = self.tracer.sample(self.settings["trace_sample_rate"])
         spans: dict[str, float] = {}
+        sse: list[web.StreamResponse] = []        # the client's event stream, opened at the first token
+        timed: list[float] = []
+
+        async def on_token(token: str) -> None:
+            if not timed:
+                timed.append(time.monotonic() - started)
+                TTFT.observe(timed[0])
+                if stream:
+                    sse.append(web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                                           "Cache-Control": "no-cache"}))
+                    await sse[0].prepare(request)
+            if sse:
+                await sse[0].write(_event({"token": token}))
         INFLIGHT.inc()
         self.inflight += 1
         try:
-            out = await self.answer(query, spans, self.dimmer.pick(self.settings["degrade_ratio"]))
+            out = await self.answer(query, spans, self.dimmer.pick(self.settings["degrade_ratio"]), on_token)
         except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError, KeyError, ValueError) as e:
             elapsed = time.monotonic() - started
             REQUEST.labels("error").observe(elapsed)
             self.keep_trace(trace_id or self.tracer.new_id(), {"query": query, "outcome": "error",
                                                                "duration_s": elapsed, "stages": spans})
-            return json_error(502, f"the LLM call failed: {type(e).__name__}: {e}")
+            message = f"the LLM call failed: {type(e).__name__}: {e}"
+            if sse:                                # the stream is open: the error is its last event
+                await sse[0].write(_event({"error": message}))
+                await sse[0].write_eof()
+                return sse[0]
+            return json_error(502, message)
         finally:
             INFLIGHT.dec()
             self.inflight -= 1
@@ -285,6 +347,10 @@ class Gateway:
                                        "stages": spans, "tools": out["tools"]})
         else:
             TRACES.labels("false").inc()
+        if sse:                                    # the whole answer, as /query answers it, then [DONE]
+            await sse[0].write(_event(out) + b"data: [DONE]\n\n")
+            await sse[0].write_eof()
+            return sse[0]
         return web.json_response(out)
 
     def keep_trace(self, trace_id: str, spans: dict) -> None:
@@ -305,6 +371,10 @@ class Gateway:
         if level in ("vector", "all"):
             self.vectors.flush()
         return web.json_response({"flushed": level})
+
+
+def _event(data: dict) -> bytes:
+    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
 
 def build_app(args) -> web.Application:

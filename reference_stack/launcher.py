@@ -48,6 +48,12 @@ class StackConfig:
     gateway_args: list[str] = field(default_factory=list)      # e.g. ["--parallel-tools", "4"]
     startup_timeout_s: float = 90.0
 
+    @property
+    def llm_mode(self) -> bool:
+        """The inference server runs in LLM mode (`--mode llm`): the gateway then streams from its openai API."""
+        args = self.inference_args
+        return any(a == "--mode" and args[i + 1:i + 2] == ["llm"] for i, a in enumerate(args)) or "--mode=llm" in args
+
     @classmethod
     def on_free_ports(cls, run_dir: Path, **kwargs) -> "StackConfig":
         """A config whose every port is free on loopback now (tests, benches, a second stack beside one)."""
@@ -137,6 +143,7 @@ def commands(cfg: StackConfig, files: dict[str, Path]) -> dict[str, list[str]]:
                              "--sidecar-url", f"https://127.0.0.1:{cfg.sidecar_port}", "--cert", str(files["cert"]),
                              "--redis-url", f"redis://127.0.0.1:{cfg.redis_port}/0",
                              *[f for n, p in cfg.tool_ports.items() for f in ("--tool", f"{n}=http://127.0.0.1:{p}")],
+                             *(["--inference-api", "openai"] if cfg.llm_mode else []),
                              *common, *_set_flags(cfg.settings.get("gateway", {})), *cfg.gateway_args]
     return procs
 

@@ -1,7 +1,9 @@
 """The TLS sidecar: terminates TLS in front of the inference server and forwards
 over pooled plaintext connections. With reuse_connections=false it closes every
 client connection after one answer, so each request pays a fresh TCP + TLS
-handshake: the service-mesh jitter scenario."""
+handshake: the service-mesh jitter scenario. It forwards /generate and, for a
+server in LLM mode, /v1/completions and /v1/chat/completions, passing a
+streamed answer (server-sent events) on chunk by chunk as it comes."""
 from __future__ import annotations
 
 import argparse
@@ -23,6 +25,7 @@ SETTINGS = [
     Setting("reuse_connections", bool, 0, 1, True,
             "keep client TLS connections alive; false closes each after one answer (a handshake per request)"),
 ]
+ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions")
 REQUEST = Histogram("sidecar_request_duration_seconds", "time from request to forwarded answer",
                     buckets=(.005, .01, .025, .05, .075, .1, .15, .2, .3, .5, .75, 1, 1.5, 2, 3, 5, 10))
 
@@ -65,22 +68,35 @@ def build_app(args, ctx: ssl.SSLContext) -> web.Application:
     REGISTRY.register(HandshakeCounter(ctx))
     session: dict[str, aiohttp.ClientSession] = {}
 
+    def keep_alive(resp: web.StreamResponse) -> None:
+        if not settings["reuse_connections"]:
+            resp.force_close()
+
     async def forward(request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
         if not request.secure:
-            return json_error(421, f"sidecar: /generate is served over TLS only, on port {args.port}")
+            return json_error(421, f"sidecar: {request.path} is served over TLS only, on port {args.port}")
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() in ("content-type", "accept")}
+        resp = None
         try:
             async with session["up"].request(request.method, upstream + request.rel_url.path_qs,
                                              data=body, headers=headers) as up:
-                payload = await up.read()
-                resp = web.Response(body=payload, status=up.status,
-                                    headers={"Content-Type": up.headers.get("Content-Type", "application/json")})
+                kind = up.headers.get("Content-Type", "application/json")
+                if kind.startswith("text/event-stream"):
+                    resp = web.StreamResponse(status=up.status, headers={"Content-Type": kind})
+                    keep_alive(resp)
+                    await resp.prepare(request)
+                    async for chunk in up.content.iter_any():
+                        await resp.write(chunk)
+                    await resp.write_eof()
+                else:
+                    resp = web.Response(body=await up.read(), status=up.status, headers={"Content-Type": kind})
         except aiohttp.ClientError as e:
+            if resp is not None and resp.prepared:      # cut mid-stream: the client sees the stream end early
+                raise
             resp = json_error(502, f"sidecar: upstream {upstream} failed: {e}")
-        if not settings["reuse_connections"]:
-            resp.force_close()
+        keep_alive(resp)
         REQUEST.observe(time.monotonic() - started)
         return resp
 
@@ -92,7 +108,8 @@ def build_app(args, ctx: ssl.SSLContext) -> web.Application:
         await session["up"].close()
 
     app = make_app("sidecar", settings, token_file(args), start, stop)
-    app.router.add_route("*", "/generate", forward)
+    for route in ROUTES:
+        app.router.add_route("*", route, forward)
     return app
 
 

@@ -1,15 +1,19 @@
 """The agent gateway over real HTTP, real Redis and real tool processes: the
 intent gate, the three cache levels, parallel tools, the breaker, the rate
-limit and the LLM call through the TLS sidecar."""
+limit and the LLM call through the TLS sidecar; and, beside an inference server
+in LLM mode, the streamed answer, its first-token timing and the dimmer there."""
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 import urllib.request
 
+import pytest
 import redis
 
 from reference_stack import launcher
+from reference_stack.client import StackClient
 from reference_stack.corpus import rewordings
 from reference_stack.tools import TOOLS
 from tests.stack.conftest import one_service
@@ -240,3 +244,78 @@ def test_an_llm_call_over_llm_timeout_ms_is_cut_off_and_the_query_fails(stack):
         stack.patch("gateway", llm_timeout_ms=30000)
     assert status == 502 and "TimeoutError" in body["error"], body
     assert stack.query("tell me a joke about timeouts")[0] == 200
+
+
+@pytest.fixture(scope="module")
+def llm_stack(tmp_path_factory):
+    """A second stack whose inference server runs in LLM mode: the gateway streams from /v1/completions."""
+    cfg = launcher.StackConfig.on_free_ports(tmp_path_factory.mktemp("llm-stack"),
+                                             inference_args=launcher.SMALL_LLM_MODEL)
+    state = launcher.start(cfg)
+    try:
+        yield StackClient(state)
+    finally:
+        launcher.stop(cfg.run_dir)
+
+
+def stream_query(client: StackClient, text: str) -> tuple[float, list[tuple[float, dict]]]:
+    """POST /query with stream true: (seconds to the first event, [(seconds, event)] up to [DONE])."""
+    req = urllib.request.Request(client.state["query_url"], method="POST",
+                                 data=json.dumps({"query": text, "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    sent, events = time.monotonic(), []
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        for line in r:
+            if line.startswith(b"data: "):
+                if line.strip() == b"data: [DONE]":
+                    break
+                events.append((time.monotonic() - sent, json.loads(line[6:])))
+    return events[0][0], events
+
+
+def ttft_sums(client: StackClient) -> tuple[float, float]:
+    return (client.metric("gateway", "gateway_time_to_first_token_seconds_sum"),
+            client.metric("inference", "inference_time_to_first_token_seconds_sum"))
+
+
+def test_a_streamed_query_arrives_token_by_token_and_each_hop_times_its_first_token(llm_stack):
+    before = ttft_sums(llm_stack)
+    first_s, events = stream_query(llm_stack, "tell me a joke")
+    tokens = [e["token"] for _, e in events if "token" in e]
+    answer = events[-1][1]
+    assert len(tokens) == 16 and len(events) == 17          # OpenAI's default max_tokens, then the whole answer
+    assert answer["answer"] == "".join(tokens) and answer["degraded"] is False
+    assert events[0][0] < events[-2][0]                      # the first token came before the last
+    gateway_s, inference_s = (a - b for a, b in zip(ttft_sums(llm_stack), before))
+    # Each hop's clock starts when the request reaches it, after the hop before sent it.
+    assert 0 < inference_s <= gateway_s <= first_s
+    assert llm_stack.metric("gateway", "gateway_time_to_first_token_seconds_count") >= 1
+
+
+def test_the_dimmer_asks_the_llm_path_for_degrade_max_tokens(llm_stack):
+    llm_stack.patch("gateway", degrade_ratio=1.0, degrade_max_tokens=3)
+    try:
+        _, events = stream_query(llm_stack, "tell me a story")
+        status, plain = llm_stack.query("tell me a longer story")
+    finally:
+        llm_stack.patch("gateway", degrade_ratio=0.0, degrade_max_tokens=4)
+    assert len([e for _, e in events if "token" in e]) == 3 and events[-1][1]["degraded"] is True
+    assert status == 200 and plain["degraded"] is True
+    assert llm_stack.metric("inference", "inference_generation_tokens_total") >= 16 + 3 + 3
+
+
+def test_the_llm_path_streams_through_the_tls_sidecar(llm_stack):
+    before = llm_stack.metric("sidecar", "sidecar_request_duration_seconds_count")
+    llm_stack.patch("gateway", llm_via_sidecar=True)
+    try:
+        _, events = stream_query(llm_stack, "how are you")
+    finally:
+        llm_stack.patch("gateway", llm_via_sidecar=False)
+    assert len([e for _, e in events if "token" in e]) == 16
+    assert llm_stack.metric("sidecar", "sidecar_request_duration_seconds_count") == before + 1
+
+
+def test_streaming_needs_the_openai_api(stack):
+    status, body = stack.http("POST", stack.state["query_url"], {"query": "hello", "stream": True})
+    assert status == 400 and "--inference-api openai" in body["error"], body
