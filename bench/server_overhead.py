@@ -10,7 +10,7 @@ medians over the rounds with their range, the server's CPU per request, and
 (--bpf-stats) the kernel's own run time of each slotune program per request.
 
     python -m bench.server_overhead [--rounds 5] [--seconds 5] [--handler static|sleep|both]
-                                    [--gateway] [--bpf-stats]"""
+                                    [--gateway] [--bpf-stats] [--compare TREE]"""
 from __future__ import annotations
 
 import argparse
@@ -133,26 +133,29 @@ class Tracer:
 
     def start(self, target: "Target") -> None: ...
     def stop(self) -> None: ...
+    def close(self) -> None: ...
     def bpf_ns(self) -> dict: return {}
 
 
-class Untraced(Tracer):
-    name = "no tracing"
-
-
 class Slotune(Tracer):
-    """A KernelCollector as the daemon runs it: collect() every second in a thread."""
+    """A KernelCollector as the daemon runs it, collect() every second in a thread.
+    Compiled once; between its runs its probes are detached (the maps stay)."""
 
     def __init__(self, name: str, families: list[str] | None, watch: bool, stats: bool):
         self.name, self.families, self.watch, self.stats = name, families, watch, stats
+        self.collector, self.detached = None, []
 
     def start(self, target):
-        spec = (target.spec if self.watch else
-                ServiceSpec("nobody", cmdline=f"no-such-process-{uuid.uuid4().hex}"))
-        self.collector = KernelCollector(self.families)
-        self.collector.start([spec])
-        if not self.collector.up:
-            raise SystemExit(f"slotune probes did not load: {self.collector.start_error}")
+        if self.collector is None:
+            spec = (target.spec if self.watch else
+                    ServiceSpec("nobody", cmdline=f"no-such-process-{uuid.uuid4().hex}"))
+            self.collector = KernelCollector(self.families)
+            self.collector.start([spec])
+            if not self.collector.up:
+                raise SystemExit(f"slotune probes did not load: {self.collector.start_error}")
+        for a in self.detached:
+            self.collector.program.attach(a)
+        self.collector.refresh()
         self.halt = threading.Event()
         self.ticker = threading.Thread(target=self._tick, daemon=True)
         self.ticker.start()
@@ -174,7 +177,49 @@ class Slotune(Tracer):
     def stop(self):
         self.halt.set()
         self.ticker.join()
-        self.collector.close()
+        self.detached = self.collector.program.detach_all()
+
+    def close(self):
+        if self.collector is not None:
+            self.collector.close()
+
+
+HOLD = """import sys, threading
+from daemon.collectors.kernel import KernelCollector
+from daemon.model.service import ServiceSpec
+c = KernelCollector(None)
+c.start([ServiceSpec("server", port=int(sys.argv[1]))])
+print("up" if c.up else "down " + c.start_error, flush=True)
+halt = threading.Event()
+def tick():
+    i = 0
+    while not halt.wait(1.0):
+        c.collect(float(i), float(i + 1)); i += 1
+threading.Thread(target=tick, daemon=True).start()
+sys.stdin.readline()
+halt.set()
+c.close()
+"""
+
+
+class OtherTree(Tracer):
+    """All families watching the server, as the slotune checked out in another folder
+    (an earlier commit: `git worktree add /tmp/before <commit>`) has them, in a process of its own."""
+
+    def __init__(self, tree: Path):
+        commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True).stdout.strip()
+        self.tree, self.name = tree, f"slotune at {commit or tree}, all families, watching nginx"
+
+    def start(self, target):
+        self.proc = subprocess.Popen([sys.executable, "-c", HOLD, str(target.port)], cwd=self.tree,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline().strip()
+        if line != "up":
+            raise SystemExit(f"slotune in {self.tree} did not load: {line}")
+
+    def stop(self):
+        self.proc.communicate("stop\n", timeout=60)
 
 
 class Bpftrace(Tracer):
@@ -218,13 +263,13 @@ class Target:
     """What the variants run against: one measured run returns requests/s and CPU per request."""
     spec: ServiceSpec
     pid: int
+    port: int
     measure: object                     # () -> (requests/s, server CPU µs per request)
 
 
 def alternate(target: Target, tracers: list[Tracer], rounds: int) -> dict[str, list[Run]]:
     """Per round: untraced, tracer 1, untraced, tracer 2, ..., untraced (the order of the
     tracers rotates each round). Each traced run is kept with the untraced runs beside it."""
-    untraced = Untraced()
     out: dict[str, list[tuple[Run, Run, Run]]] = {t.name: [] for t in tracers}
     for r in range(rounds):
         order = tracers[r % len(tracers):] + tracers[:r % len(tracers)]
@@ -240,7 +285,6 @@ def alternate(target: Target, tracers: list[Tracer], rounds: int) -> dict[str, l
             out[t.name].append((before, run, after))
             before = after
         print(f"  round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
-    out[untraced.name] = []
     return out
 
 
@@ -266,7 +310,6 @@ def report(title: str, results: dict, rounds: int) -> list[str]:
         fns = sorted({k for s in stats for k in s.bpf_ns if not k.endswith(" runs")})
         total = 0.0
         for fn in fns:
-            reqs = [s.rps for s in stats]
             per_req = statistics.median(s.bpf_ns.get(fn, 0) / (s.rps * SECONDS[0]) for s in stats)
             runs_per_req = statistics.median(s.bpf_ns.get(f"{fn} runs", 0) / (s.rps * SECONDS[0]) for s in stats)
             total += per_req
@@ -274,7 +317,6 @@ def report(title: str, results: dict, rounds: int) -> list[str]:
                 ns_run = per_req / runs_per_req if runs_per_req else 0
                 lines.append(f"    {fn:<28} {per_req:>8.0f} ns/req  {runs_per_req:>6.2f} runs/req  "
                              f"{ns_run:>5.0f} ns/run")
-            del reqs
         lines.append(f"    {'total':<28} {total:>8.0f} ns/req")
     return lines
 
@@ -301,7 +343,12 @@ def nginx_rounds(args, work: Path) -> list[str]:
                        Slotune("slotune, http only, watching nginx", ["http"], True, args.bpf_stats),
                        Slotune("slotune, all families, watching nothing", None, False, args.bpf_stats),
                        Bpftrace()]
-            results = alternate(Target(spec, nginx.worker, measure), tracers, args.rounds)
+            tracers += [OtherTree(tree) for tree in args.compare]
+            try:
+                results = alternate(Target(spec, nginx.worker, nginx.port, measure), tracers, args.rounds)
+            finally:
+                for t in tracers:
+                    t.close()
             what = "1 KiB static file" if handler == "static" else "5 ms handler (echo_sleep)"
             out += report(f"nginx 1.22, 1 worker, keep-alive, {what}, wrk -t1 -c16, {args.rounds} rounds x "
                           f"{args.seconds:g} s, {'server on CPU 0, wrk on CPU 1' if args.pin else 'unpinned'}",
@@ -330,7 +377,11 @@ def gateway_rounds(args, work: Path) -> list[str]:
         tracers = [Slotune("slotune, all families, watching the gateway", None, True, args.bpf_stats),
                    Slotune("slotune, all families, watching nothing", None, False, args.bpf_stats),
                    Bpftrace()]
-        results = alternate(Target(spec, gateway, measure), tracers, args.rounds)
+        try:
+            results = alternate(Target(spec, gateway, state["ports"]["gateway"], measure), tracers, args.rounds)
+        finally:
+            for t in tracers:
+                t.close()
         return report(f"reference gateway (+ inference, tools), 16 closed-loop clients, {args.rounds} rounds x "
                       f"{args.seconds:g} s; CPU µs/req is the whole stack's", results, args.rounds)
     finally:
@@ -345,6 +396,9 @@ def main(argv=None) -> int:
     ap.add_argument("--gateway", action="store_true", help="also the reference gateway")
     ap.add_argument("--no-nginx", dest="nginx", action="store_false", help="only the gateway")
     ap.add_argument("--no-pin", dest="pin", action="store_false", help="leave nginx and wrk unpinned")
+    ap.add_argument("--compare", type=Path, action="append", default=[], metavar="TREE",
+                    help="also all families as the slotune checked out in TREE has them (e.g. a worktree "
+                         "of an earlier commit); nginx only")
     ap.add_argument("--bpf-stats", action="store_true",
                     help="kernel per-program run time (sysctl kernel.bpf_stats_enabled=1 while it runs)")
     args = ap.parse_args(argv)
