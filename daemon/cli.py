@@ -12,6 +12,7 @@ from daemon import commands
 EXAMPLES = """examples:
   slotune doctor                      check this host before trusting the daemon
   slotune doctor --redis-url redis://127.0.0.1:6379
+  slotune discover --write FILE       a starter config for the services this host runs
   slotune <command> --help            every command ends with its own examples
 """
 

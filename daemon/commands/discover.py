@@ -130,7 +130,7 @@ def recognise(text: str) -> profiles.Profile | None:
 
 
 def by_process(listener: Listener) -> profiles.Profile | None:
-    words = set(re.split(r"[\s/=]+", listener.cmdline)) | {listener.process}
+    words = set(re.split(r"[\s/=.]+", listener.cmdline)) | {listener.process}   # python -m vllm.entrypoints...
     return next((p for p in profiles.every() if any(name in words or name == listener.process
                                                      for name in p.processes)), None)
 
