@@ -33,7 +33,7 @@ live in bench/sim/continuous_batch_bench.py: they decide nothing."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tuners.base import Decision, Policy, changed, clamp, setting
 from tuners.batch import whitepaper_size
@@ -71,6 +71,7 @@ class State:
     seqs: float
     tokens: float
     last_change: float = -math.inf
+    itl_s: float = 0.0      # the windows' inter-token gaps, averaged over about a request's life
 
 
 def _init(settings):
@@ -81,7 +82,9 @@ def _move(state: State, seqs: float, tokens: float, why: str, now: float):
     tokens = clamp(float(round(tokens)), *TOKENS_BOUNDS)
     seqs = clamp(float(round(seqs)), SEQS_BOUNDS[0], min(SEQS_BOUNDS[1], tokens))   # vLLM refuses seqs > tokens
     changes = changed(state.seqs, seqs, SEQS) | changed(state.tokens, tokens, TOKENS)
-    return State(seqs, tokens, now if changes else state.last_change), Decision(changes, why)
+    if not changes:
+        return state, Decision(changes, why)
+    return replace(state, seqs=seqs, tokens=tokens, last_change=now, itl_s=0.0), Decision(changes, why)   # gaps before a change say nothing of after
 
 
 # --- whitepaper 2.3's batch rule on max_num_seqs, the TPOT SLO as the batch's latency, every 30 s
@@ -89,11 +92,13 @@ def _wp_decide(state: State, obs: Observation):
     if obs.now - state.last_change < 30.0:
         return state, Decision({}, "whitepaper recomputes every 30 s")
     slo_ms = obs.slo_tpot_s * 1e3
-    return _move(state, whitepaper_size(slo_ms), state.tokens, f"b = ((0.8*{slo_ms:.0f} - 8.3)/2.69)^2", obs.now)
+    state, decision = _move(state, whitepaper_size(slo_ms), state.tokens, f"b = ((0.8*{slo_ms:.0f} - 8.3)/2.69)^2", obs.now)
+    return replace(state, last_change=obs.now), decision
 
 
 # --- slotune: TPOT is the budget the step time spends; TTFT gets what TPOT leaves
 TARGET = 0.85        # aim both P99s at this share of their SLOs
+LIFE = 0.5          # weight of the newest window in the gap average (a request lives a few windows)
 MAX_GROWTH = 1.5     # largest rise per decision (the TPOT it costs shows only a window later)
 MIN_CUT = 0.5        # largest cut per decision
 KV_FULL = 0.95       # KV cache share above which more sequences would not fit
@@ -107,7 +112,9 @@ def _slotune_decide(state: State, obs: Observation):
         return state, Decision({}, "no requests in the window")
     # a request's TPOT is known when it ends, a lifetime late; the gaps of the window are what a
     # request running now gets (its TPOT is their mean), so the TPOT a change makes shows at once
-    tpot = obs.itl_mean_s / (TARGET * obs.slo_tpot_s)
+    itl = obs.itl_mean_s if state.itl_s <= 0 else LIFE * obs.itl_mean_s + (1 - LIFE) * state.itl_s
+    state = replace(state, itl_s=itl)
+    tpot = itl / (TARGET * obs.slo_tpot_s)
     ttft = obs.ttft_p99_s / (TARGET * obs.slo_ttft_s)
     running = max(obs.running, 1.0)
     seqs, tokens = state.seqs, state.tokens
@@ -134,7 +141,7 @@ def _slotune_decide(state: State, obs: Observation):
         slot_bound = obs.waiting >= 1 and obs.running >= SLOT_BOUND * seqs
         token_bound = obs.step_tokens_p99 >= TOKEN_BOUND * tokens
         if slot_bound:
-            seqs = max(seqs * grow, seqs + 1)
+            seqs = clamp(max(seqs * grow, seqs + 1), *SEQS_BOUNDS)
             tokens = max(tokens, seqs)
             why = f"TTFT over target, sequences waiting for a slot: seqs x{grow:.2f}"
         elif token_bound:

@@ -28,8 +28,8 @@ SLO_TTFT_S, SLO_TPOT_S = 1.0, 0.025
 VLLM_DEFAULT = {cb.SEQS: 256.0, cb.TOKENS: 2048.0}
 PROMPT_MEAN, OUTPUT_MEAN = 256, 128       # tokens; lognormal, sigma 1.0 and 0.8
 CAPACITY_RPS = 14.0                        # requests/s the server carries at these lengths (swept)
-ORACLE_SEQS = (16, 24, 32, 48, 64, 128, 256)
-ORACLE_TOKENS = (64, 128, 256, 512, 2048)
+ORACLE_SEQS = (16, 32, 48, 64, 256)
+ORACLE_TOKENS = (128, 512, 2048)
 DRAIN_S = 20.0                             # after the last arrival, for the last requests to finish
 
 
@@ -114,7 +114,7 @@ def _policy(name: str, scenario: str, duration: int) -> tuple[Policy, dict[str, 
 
 
 def run_one(policy_name: str, scenario: str, seed: int, quick: bool) -> dict[str, float]:
-    duration = 90 if quick else 180
+    duration = 90 if quick else 150
     policy, settings = _policy(policy_name, scenario, duration)
     res, server = _simulate(policy, settings, scenario, seed, duration)
     return {"goodput_ratio": _goodput(res, server),
