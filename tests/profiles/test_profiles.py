@@ -401,3 +401,20 @@ def test_every_profile_cites_its_page_and_is_in_the_targets_table():
         assert f"| `{p.name}` |" in table, f"docs/targets.md has no row for the {p.name} profile"
         for s in p.settings or ():
             assert s.name in table, f"docs/targets.md: {p.name}'s {s.name}"
+
+
+def test_every_live_setting_names_an_actuator_that_takes_its_target():
+    """The profiles' declarations and the actuators' forms agree (placeholders filled as a user would)."""
+    from daemon import profiles
+    from daemon.control.actuators import target_error
+    filled = {"BACKEND/SERVER": "be_app/app", "ZONE": "perserver", "CLUSTER": "vllm"}
+    for p in profiles.every():
+        for s in p.settings or ():
+            if not s.live:
+                assert s.kind == "", (p.name, s.name)
+                continue
+            assert s.kind in config.ACTUATOR_KINDS, (p.name, s.name, s.kind)
+            target = s.target
+            for placeholder, name in filled.items():
+                target = target.replace(placeholder, name)
+            assert target_error(s.kind, target) is None, (p.name, s.name, target_error(s.kind, target))
