@@ -51,6 +51,33 @@ def target_error(kind: str, target: str) -> str | None:
     return _surface(kind).target_error(target)
 
 
+def on_service(changes: dict[str, float], targets: dict[str, str]) -> dict[str, float]:
+    """The changes under the names the service has for them (a setting without a target: its own)."""
+    return {targets.get(k, k): v for k, v in changes.items()}
+
+
+def as_settings(values: dict[str, float], targets: dict[str, str]) -> dict[str, float]:
+    """Values under the service's names, under the settings' names."""
+    back = {t: s for s, t in targets.items()}
+    return {back.get(k, k): v for k, v in values.items()}
+
+
+def verified(changes: dict[str, float], write: Callable[[], None], read: Callable[[], dict[str, float]],
+             restore: Callable[[], None], where: str) -> None:
+    """write(), then read() must show every change in force; on any failure restore() what
+    was there before and say whether that landed: never half-applied without saying so."""
+    try:
+        write()
+        read_back(changes, read(), where)
+    except ActuatorError as exc:
+        try:
+            restore()
+            then = "the previous values are back"
+        except ActuatorError as again:
+            then = f"putting the previous values back FAILED ({again})"
+        raise ActuatorError(f"{exc}; {then}", exc.unreachable) from None
+
+
 def read_back(pushed: dict[str, float], in_force: dict[str, float], where: str) -> None:
     """ActuatorError unless every pushed value is the one the service now reports."""
     wrong = [f"{k} = {in_force.get(k, 'nothing')} (pushed {plain(v)})" for k, v in pushed.items()

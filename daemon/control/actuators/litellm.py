@@ -1,0 +1,72 @@
+"""Pushes a LiteLLM proxy virtual key's limits: `POST /key/update` with {"key":
+<the key>, "max_parallel_requests": N, "rpm_limit": N, ...} as the proxy's
+admin (bearer master key from token_file), read back from `GET
+/key/info?key=<the key>` ("info"); a push that does not read back is set back
+to the values from before (a limit that was unset goes back to null). The
+virtual key is read from key_file and never appears in a message.
+Endpoints: docs.litellm.ai/docs/proxy/virtual_keys ("Update Key", "Key Info") and the
+proxy's API reference for /key/update and /key/info."""
+from __future__ import annotations
+
+import re
+from urllib.parse import quote
+
+from daemon.config import Control
+from daemon.control.actuators import ActuatorError, as_settings, numeric_settings, on_service, plain, verified
+from daemon.control.actuators.http_json import call_json
+from daemon.control.actuators.safe_files import read_token
+
+LIMITS = ("max_parallel_requests", "rpm_limit", "tpm_limit")
+
+
+def target_error(target: str) -> str | None:
+    return None if target in LIMITS else f"{target!r} is not a LiteLLM key limit; one of {', '.join(LIMITS)}"
+
+
+def from_control(control: Control) -> "LitellmActuator":
+    return LitellmActuator(control.url, control.key_file, control.targets, control.token_file)
+
+
+class LitellmActuator:
+    def __init__(self, url: str, key_file: str, targets: dict[str, str], token_file: str = "",
+                 timeout_s: float = 5.0):
+        self.url, self.key_file, self.targets = url.rstrip("/"), key_file, dict(targets)
+        self.token_file, self.timeout_s = token_file, timeout_s
+
+    def _call(self, path: str, method: str, body=None):
+        key = read_token(self.key_file)
+        try:
+            return call_json(self.url + path.replace("{key}", quote(key, safe="")), method,
+                             {**body, "key": key} if body is not None else None, self.token_file, self.timeout_s)
+        except ActuatorError as exc:
+            raise ActuatorError(str(exc).replace(quote(key, safe=""), "<key>").replace(key, "<key>"),
+                                exc.unreachable) from None
+
+    def _info(self) -> dict:
+        answer = self._call("/key/info?key={key}", "GET")
+        info = answer.get("info") if isinstance(answer, dict) else None
+        if not isinstance(info, dict):
+            raise ActuatorError(f"GET {self.url}/key/info: expected LiteLLM's {{\"key\": ..., \"info\": {{...}}}}",
+                                unreachable=False)
+        return info
+
+    def current(self) -> dict[str, float]:
+        info = self._info()
+        return as_settings(numeric_settings({k: info.get(k) for k in LIMITS}, f"GET {self.url}/key/info"),
+                           self.targets)
+
+    def push(self, changes: dict[str, float]) -> None:
+        wanted = on_service(changes, self.targets)
+        unknown = [k for k in wanted if k not in LIMITS]
+        if unknown:
+            raise ActuatorError(f"setting {unknown[0]} is not a LiteLLM key limit ({', '.join(LIMITS)}): map it in "
+                                "[control.targets]; nothing was updated", unreachable=False)
+        before = self._info()
+        verified(changes, lambda: self._update({k: plain(v) for k, v in wanted.items()}), self.current,
+                 lambda: self._update({k: before.get(k) for k in wanted}), f"GET {self.url}/key/info")
+
+    def _update(self, limits: dict) -> None:
+        answer = self._call("/key/update", "POST", limits)
+        if not isinstance(answer, dict):
+            raise ActuatorError(f"POST {self.url}/key/update: expected the updated key as a JSON object",
+                                unreachable=False)
