@@ -36,6 +36,9 @@ SIGNALS = {
     "num_requests_running": "requests in the running batch (gauge)",
     "num_requests_waiting": "requests waiting for their turn (gauge)",
     "kv_cache_usage_ratio": "share of the KV cache in use, 0..1 (gauge)",
+    "num_preemptions_total": "sequences preempted because the KV cache was full (counter)",
+    "iteration_tokens": "tokens per model step, prefill chunks and decodes (histogram)",
+    "iteration_sequences": "sequences per model step, the running-batch width (histogram)",
     "requests_total": "requests answered (counter)",
     "errors_total": "requests answered with an error (counter)",
     # the reference gateway's own, read by suffix (see reference.py)
