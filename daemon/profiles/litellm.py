@@ -2,8 +2,9 @@
 `litellm_*`. Names from "Prometheus metrics" (https://docs.litellm.ai/docs/proxy/prometheus):
 litellm_request_total_latency_metric (seconds, the whole request through the proxy),
 litellm_llm_api_time_to_first_token_metric, and the per-deployment totals
-litellm_deployment_total_requests / _failure_responses. Limits are a key's
-max_parallel_requests and rpm_limit, set live with `POST /key/update`."""
+litellm_deployment_total_requests / _failure_responses. A key's max_parallel_requests
+is set live with `POST /key/update`; its rpm_limit is per minute, and slotune's rate
+limit per second, so it is not offered until the actuator converts it."""
 from daemon.profiles import Counter, Histogram, Profile, Setting
 
 PROFILE = Profile(
@@ -15,10 +16,7 @@ PROFILE = Profile(
         "requests_total": Counter("litellm_deployment_total_requests_total"),
         "errors_total": Counter("litellm_deployment_failure_responses_total"),
     },
-    settings=(
-        Setting("concurrency_limit", "litellm", "max_parallel_requests"),
-        Setting("rate_limit_rps", "litellm", "rpm_limit"),
-    ),
+    settings=(Setting("concurrency_limit", "litellm", "max_parallel_requests"),),
     slos=("p99", "ttft"),
     processes=("litellm",),
     control=('url = "http://127.0.0.1:4000"   # the proxy', 'key_file = "/etc/slotune/litellm.key"   # the key it tunes'),
