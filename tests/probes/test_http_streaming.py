@@ -28,6 +28,7 @@ import pytest
 
 from daemon.export.samples import SampleExporter
 from daemon.model.service import ServiceSpec
+from tests.probes.agreement import record
 from tests.probes.conftest import collected, hist
 from tests.probes.test_exporter import scrape
 from tests.probes.test_tcp import remove_namespace, veth_namespace
@@ -85,29 +86,38 @@ def on_connections(addr: str, port: int, paths: list[str]) -> list[Answer]:
     return answers
 
 
-def agree(name: str, kernel, client: list[float], within: float) -> None:
+def agree(name: str, server: str, kernel, client: list[float], within: float) -> None:
     """The kernel histogram's P50 within `within` of the client's, and the same count."""
     want = float(np.median(client))
     got = kernel.quantile(0.5)
     print(f"{name}: kernel {kernel.count} p50 {got * 1e3:.2f} ms, client {len(client)} p50 {want * 1e3:.2f} ms "
           f"({(got - want) / want:+.1%})")
+    record(f"HTTP {name} P50 ({server})", "the streaming client's own clock", got * 1e3, want * 1e3, "ms",
+           f"within {within:.0%}")
+    record(f"HTTP {name} count ({server})", "the streaming client's own count", kernel.count, len(client),
+           "gaps" if name == "write gap" else "responses", "exact")
     assert kernel.count == len(client), name
     assert abs(got - want) <= within * want, name
 
 
-def check_streams(sample, answers: list[Answer]) -> None:
+def check_streams(sample, answers: list[Answer], server: str) -> None:
     assert all(a.status == 200 and len(a.arrivals) > TOKENS // 2 for a in answers)
     h = sample.histograms
-    agree("first byte", hist(h, ("http_first_byte", "")), [a.first_byte for a in answers], 0.10)
-    agree("whole response", hist(h, ("http_request", "")), [a.whole for a in answers], 0.10)
-    agree("write gap", hist(h, ("http_write_gap", "")), [g for a in answers for g in np.diff(a.arrivals)], 0.15)
+    agree("first byte", server, hist(h, ("http_first_byte", "")), [a.first_byte for a in answers], 0.10)
+    agree("whole response", server, hist(h, ("http_request", "")), [a.whole for a in answers], 0.10)
+    agree("write gap", server, hist(h, ("http_write_gap", "")),
+          [g for a in answers for g in np.diff(a.arrivals)], 0.15)
     assert sample.counters == {("http_status", "2xx"): len(answers)}
 
 
-def check_statuses(sample, answers: list[Answer]) -> None:
+def check_statuses(sample, answers: list[Answer], server: str) -> None:
     classes = Counter(f"{a.status // 100}xx" for a in answers)
-    print(f"status classes: client {dict(classes)}, kernel {sample.counters}")
-    assert {label: n for (signal, label), n in sample.counters.items() if signal == "http_status"} == classes
+    counted = {label: n for (signal, label), n in sample.counters.items() if signal == "http_status"}
+    print(f"status classes: client {dict(classes)}, kernel {counted}")
+    for label, n in sorted(classes.items()):
+        record(f"HTTP {label} responses ({server})", "the statuses the client got", counted.get(label, 0), n,
+               "responses", "exact")
+    assert counted == classes
     for key in (("http_first_byte", ""), ("http_request", "")):
         assert hist(sample.histograms, key).count == len(answers), key
     assert ("http_write_gap", "") not in sample.histograms      # one body write each
@@ -154,9 +164,9 @@ http {{
     collector = kernel([ServiceSpec("nginx", cmdline=f"nginx -p {tmp_path} ")], ["http"])
     collected(collector)
     answers = on_connections(addr, port, ["/stream"] * STREAMS_PER_CONNECTION)
-    check_streams(collected(collector)["nginx"], answers)
+    check_streams(collected(collector)["nginx"], answers, "nginx echo")
     answers = on_connections(addr, port, ["/ok", "/missing", "/fail", "/missing"])
-    check_statuses(collected(collector)["nginx"], answers)
+    check_statuses(collected(collector)["nginx"], answers, "nginx")
 
 
 def test_fastapi_server_sent_events(kernel, spawn, tag, private_host):
@@ -169,10 +179,10 @@ def test_fastapi_server_sent_events(kernel, spawn, tag, private_host):
     collector = kernel([ServiceSpec("sse", cmdline=f"sse_server.py {tag}")], ["http"])
     collected(collector)
     answers = on_connections(addr, port, [stream] * STREAMS_PER_CONNECTION)
-    check_streams(collected(collector)["sse"], answers)
+    check_streams(collected(collector)["sse"], answers, "FastAPI SSE")
     answers = on_connections(addr, port, ["/json", "/missing", "/busy", "/broken"])
     sample = collected(collector)["sse"]
-    check_statuses(sample, answers)
+    check_statuses(sample, answers, "FastAPI")
     exporter = SampleExporter()
     exporter.observe([sample])
     text = scrape(exporter)
