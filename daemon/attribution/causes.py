@@ -1,6 +1,8 @@
 """The measured causes attribution weighs, each read from one span of windows
 (a Window merged over several intervals) as seconds a request's tail can gain
-from it, with the signal values that back the reading. Pure arithmetic."""
+from it, with the signal values that back the reading: for a request's latency,
+and for the time to first token (TTFT) and per output token (TPOT) of a service
+that streams tokens. Pure arithmetic."""
 from __future__ import annotations
 
 import math
@@ -24,6 +26,7 @@ class Reading:
     signal: str           # what was read, in users' words
     raw: float            # the signal's own value (for evidence)
     unit: str
+    short: str = ""       # the signal in one word, for the verdict ("waiting 14 → 52"); "" = not shown
 
 
 def _total_s(h) -> float:
@@ -51,14 +54,23 @@ def blocking_syscalls(span: Window) -> Reading | None:
     return None if v is None else Reading(v, "blocking syscall time per request", v, "s")
 
 
-def _family_p99(span: Window, suffix: str) -> float | None:
-    found = [h for (fam, _), h in span.histograms.items() if fam.endswith(suffix)]
+def _family(span: Window, suffix: str, table: str = "histograms"):
+    """A family's series in the span together, by its name's suffix: histograms merged,
+    gauges or counters summed; None when the span has none."""
+    found = [v for (fam, _), v in getattr(span, table).items() if fam.endswith(suffix)]
     if not found:
         return None
+    if table != "histograms":
+        return sum(found)
     merged = found[0]
     for h in found[1:]:
         merged = merged.plus(h)
-    v = merged.quantile(0.99)
+    return merged
+
+
+def _family_p99(span: Window, suffix: str) -> float | None:
+    merged = _family(span, suffix)
+    v = merged.quantile(0.99) if merged is not None else math.nan
     return v if math.isfinite(v) else None
 
 
@@ -110,14 +122,15 @@ def tls_handshake(span: Window) -> Reading | None:
     return None if v is None else Reading(v, "TLS handshake time per request", v, "s")
 
 
-def gpu_saturation(span: Window) -> Reading | None:
+def gpu_saturation(span: Window, median_s: float | None = None, of: str = "latency") -> Reading | None:
     """GPU pressure as the larger rise of a GPU ratio times the compute time it
-    stretches (the service's median): a saturated GPU slows every kernel."""
+    stretches (the median of what is explained: latency, TTFT or TPOT): a
+    saturated GPU slows every kernel."""
     ratios = [span.gauges[(g, "")] for g in GPU_GAUGES if (g, "") in span.gauges]
     if not ratios:
         return None
-    p50 = span.p(0.5)
-    return Reading(max(ratios) * (p50 if math.isfinite(p50) else 0.0), "GPU pressure x median latency",
+    p50 = span.p(0.5) if median_s is None else median_s
+    return Reading(max(ratios) * (p50 if math.isfinite(p50) else 0.0), f"GPU pressure x median {of}",
                    max(ratios), "ratio")
 
 
@@ -136,6 +149,88 @@ def tool_readings(span: Window) -> dict[str, Reading]:
     return out
 
 
+# --- token causes: what moves a streaming service's TTFT and TPOT ------------------------
+# A decode step takes about one inter-token gap, so the span's median gap is the step's
+# time; tokens cost alike whatever their kind (time(step) ~ a + b·tokens + c·seqs with the
+# sequences' own cost read as theirs), so a step's time splits between its decodes (one
+# token per running sequence: batch width) and its prompt chunks (prefill) by their counts.
+
+def _median(h) -> float | None:
+    if h is None or not h.count:
+        return None
+    v = h.quantile(0.5)
+    return v if math.isfinite(v) else None
+
+
+def _step(span: Window) -> tuple[float, float, float] | None:
+    """(step time, tokens per step, sequences per step) of the span, or None."""
+    step_s, tokens = _median(span.tpot), _family(span, "_iteration_tokens")
+    seqs = _family(span, "_iteration_sequences")
+    if step_s is None or tokens is None or not tokens.count:
+        return None
+    per_step = _total_s(tokens) / tokens.count
+    width = (_total_s(seqs) / seqs.count if seqs is not None and seqs.count
+             else _family(span, "_num_requests_running", "gauges"))
+    if not per_step or width is None:
+        return None
+    return step_s, per_step, min(width, per_step)
+
+
+def queue(span: Window) -> Reading | None:
+    """Waiting sequences as the mean wait they mean (Little's law: waiting / the
+    rate at which requests leave the queue, one first token each)."""
+    waiting = _family(span, "_num_requests_waiting", "gauges")
+    if waiting is None or span.ttft is None:
+        return None
+    rate = span.ttft.count / span.seconds
+    return Reading(waiting / rate if rate else 0.0, "sequences waiting for a place in the batch", waiting, "1",
+                   "waiting")
+
+
+def prefill(span: Window) -> Reading | None:
+    """The share of each step spent on prompt chunks (other requests' prefill, chunked
+    beside the decodes), in seconds per step."""
+    step = _step(span)
+    if step is None:
+        return None
+    step_s, per_step, width = step
+    return Reading(step_s * (per_step - width) / per_step, "prompt tokens per model step", per_step - width, "1",
+                   "prefill tokens/step")
+
+
+def batch_width(span: Window) -> Reading | None:
+    """The share of each step spent on the running sequences' decodes, in seconds per step."""
+    step = _step(span)
+    if step is None:
+        return None
+    step_s, per_step, width = step
+    return Reading(step_s * width / per_step, "sequences per model step (running batch)", width, "1", "running")
+
+
+def preemption(span: Window) -> Reading | None:
+    """A preempted sequence waits again and recomputes its prompt and output so far:
+    about one more time to first token, per preemption per request."""
+    n = _family(span, "_num_preemptions_total", "counters")
+    if n is None or span.ttft is None or not span.ttft.count:
+        return None
+    per_request = n / span.ttft.count
+    return Reading(per_request * (_median(span.ttft) or 0.0), "preemptions per request", per_request, "1",
+                   "preemptions/request")
+
+
+def _gpu_of(which: str) -> Callable[[Window], Reading | None]:
+    return lambda span: gpu_saturation(span, _median(getattr(span, which)), which.upper())
+
+
+# what explains a growth of each: TTFT waits for a place, then for its prompt's steps; TPOT is the step time
+TOKEN_CAUSES: dict[str, dict[str, Callable[[Window], Reading | None]]] = {
+    "ttft": {"queue": queue, "prefill": prefill, "preemption": preemption, "gpu_saturation": _gpu_of("ttft"),
+             "runqueue_wait": runqueue_wait, "network_rtt": network_rtt},
+    "tpot": {"batch_width": batch_width, "prefill": prefill, "preemption": preemption,
+             "gpu_saturation": _gpu_of("tpot")},
+}
+
+
 # cause name -> how to read it. Downstream services and tools are added per call path.
 CAUSES: dict[str, Callable[[Window], Reading | None]] = {
     "runqueue_wait": runqueue_wait,
@@ -149,12 +244,13 @@ CAUSES: dict[str, Callable[[Window], Reading | None]] = {
 }
 
 
-def read_all(span: Window) -> dict[str, Reading]:
-    """Every cause the span has a signal for."""
+def read_all(span: Window, of: str = "latency") -> dict[str, Reading]:
+    """Every cause of `of` ("latency", "ttft" or "tpot") the span has a signal for."""
     out = {}
-    for cause, read in CAUSES.items():
+    for cause, read in (CAUSES if of == "latency" else TOKEN_CAUSES[of]).items():
         r = read(span)
         if r is not None and math.isfinite(r.value_s):
             out[cause] = r
-    out.update(tool_readings(span))
+    if of == "latency":
+        out.update(tool_readings(span))
     return out

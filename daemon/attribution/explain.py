@@ -38,6 +38,12 @@ tail is):
 - jitter (spread of per-window P99 over the horizon) is split by non-negative
   regression of per-window P99 on per-window cause readings (scipy nnls);
   each cause gets beta * cov(cause, P99) / var(P99).
+- a service that declares a TTFT or TPOT objective has its TTFT and TPOT
+  explained the same way, each from its own distribution (Window.ttft, .tpot)
+  with the causes that move it (causes.TOKEN_CAUSES: waiting sequences, prefill
+  per step, batch width, preemptions, GPU, run-queue wait, network) and without
+  callees or the offered-load fold: more load shows there as waiting sequences,
+  and the verdict says which signal moved ("71 % queue (waiting 14 → 52)").
 """
 from __future__ import annotations
 
@@ -51,6 +57,8 @@ from scipy.optimize import nnls
 
 from daemon.attribution import causes
 from daemon.model.window import EBPF_LATENCY, Window, merged_latency, merged_tokens
+
+TOKENS = {"ttft": "TTFT", "tpot": "TPOT"}   # the token timings explained beside the latency, as users name them
 
 DOMINANT_SHARE = 0.2     # a cause above this share of the growth is named
 TAIL_GAIN = 10.0         # most the tail may exceed the sum of the causes' mean rises: behind a
@@ -87,6 +95,8 @@ class Explanation:
     downstream: dict[str, "Explanation"] = field(default_factory=dict)
     path: list[tuple[str, str, float]] = field(default_factory=list)  # (service, cause, share) to the root cause
     also: list[list[tuple[str, str, float]]] = field(default_factory=list)  # the paths of other dominant causes
+    what: str = ""                                       # "" (request latency), "TTFT" or "TPOT"
+    tokens: dict[str, "Explanation"] = field(default_factory=dict)   # "ttft"/"tpot" -> its explanation
 
     @property
     def growth_s(self) -> float:
@@ -115,7 +125,13 @@ class Explanation:
                 "excess_s": self.excess_s, "growth_s": self.growth_s,
                 "usual_tail_s": self.usual_tail_s,
                 "moved": self.moved,
-                "jitter_s": self.jitter_s, "jitter_shares": self.jitter_shares}
+                "jitter_s": self.jitter_s, "jitter_shares": self.jitter_shares,
+                **({"p99_s": _finite(self.p99_s)} if self.what else {}),
+                **({"tokens": {k: e.as_status() for k, e in self.tokens.items()}} if self.tokens else {})}
+
+
+def _finite(v: float) -> float | None:
+    return v if math.isfinite(v) else None
 
 
 def merge(windows: Sequence[Window]) -> Window:
@@ -153,7 +169,9 @@ def timing_source(windows: Sequence[Window]) -> str:
 
 
 def request_timing(w: Window, source: str):
-    """The window's request-timing histogram from `source`, or None."""
+    """The window's request-timing histogram from `source` (or its "ttft" or "tpot"), or None."""
+    if source in TOKENS:
+        return getattr(w, source)
     if source == "ebpf":
         return w.histograms.get(EBPF_LATENCY)
     return w.latency if w.latency_source == source else None
@@ -183,7 +201,8 @@ def _stats(ws: Sequence[Window], source: str) -> _Stats:
     span = merge(ws)
     timing = request_timing(span, source)
     p50, p99 = (timing.quantile(0.5), timing.quantile(0.99)) if timing is not None else (math.nan, math.nan)
-    value = _Stats(p50, p99, causes.read_all(span), (span.requests + span.rejected) / span.seconds)
+    value = _Stats(p50, p99, causes.read_all(span, source if source in TOKENS else "latency"),
+                   (span.requests + span.rejected) / span.seconds)
     known[key] = value
     return value
 
@@ -212,13 +231,15 @@ def _chunks(windows: list[Window], span_s: float) -> list[list[Window]]:
     return out
 
 
-def _split(windows: Sequence[Window], now: float, recent_s: float, horizon_s: float) -> _Split | None:
+def _split(windows: Sequence[Window], now: float, recent_s: float, horizon_s: float,
+           source: str = "") -> _Split | None:
     """Quantiles of a few windows are compared with quantiles of as many windows
     (a P99 of 30 requests sits below the P99 of 3000), so the baseline is a set
     of spans as long as the recent one, summarised by medians over the spans whose
-    P50 and P99 are both usual (an earlier fault, or its aftermath, is left out)."""
+    P50 and P99 are both usual (an earlier fault, or its aftermath, is left out).
+    source: "ttft" or "tpot" to split those, else the request timing's."""
     horizon = [w for w in windows if now - horizon_s < w.end <= now]
-    source = timing_source(horizon)
+    source = source or timing_source(horizon)
     live = [w for w in horizon if (h := request_timing(w, source)) is not None and h.count]
     recent = [w for w in live if w.end > now - recent_s]
     older = [w for w in live if w.end <= now - recent_s]
@@ -252,7 +273,7 @@ def _rises(split: _Split, skip_tools: set[str]) -> dict[str, dict]:
         median = float(np.median(values))
         usual = median + NOISE_SIGMAS * _robust_sd(values)
         r = now.get(cause)
-        out[cause] = {"signal": ref.signal, "unit": ref.unit,
+        out[cause] = {"signal": ref.signal, "unit": ref.unit, **({"short": ref.short} if ref.short else {}),
                       "baseline": float(np.median([r.raw if r else 0.0 for r in base])),
                       "recent": r.raw if r else 0.0, "rise_s": max((r.value_s if r else 0.0) - usual, 0.0)}
     return out
@@ -400,18 +421,35 @@ class _Explainer:
         windows = list(self.history.get(service, ()))
         split = _split(windows, self.now, self.recent_s, self.horizon_s)
         if split is None:
-            have = sum(1 for w in windows if w.requests and w.end > self.now - self.horizon_s)
-            return Explanation(service, f"{service}: warming up: {have} window(s) with requests, needs "
-                                        f"{MIN_BASELINE_SPANS} spans of {self.recent_s:g} s before the last one")
-        callees = [d for d in self.downstream.get(service, ()) if d not in seen and d in self.history]
-        below = {d: self.explain(d, seen) for d in callees}
-        below = {d: e for d, e in below.items() if math.isfinite(e.p99_s)}
+            exp = self._warming(service, "", windows)
+        else:
+            callees = [d for d in self.downstream.get(service, ()) if d not in seen and d in self.history]
+            below = {d: self.explain(d, seen) for d in callees}
+            below = {d: e for d, e in below.items() if math.isfinite(e.p99_s)}
+            exp = self._attribute(service, "", split, below)
+        declared = {"ttft": windows[-1].slo_ttft_s, "tpot": windows[-1].slo_tpot_s} if windows else {}
+        for which, objective in declared.items():
+            if objective > 0:
+                token_split = _split(windows, self.now, self.recent_s, self.horizon_s, which)
+                exp.tokens[which] = (self._attribute(service, TOKENS[which], token_split, {}) if token_split
+                                     else self._warming(service, TOKENS[which], windows))
+        return exp
+
+    def _warming(self, service: str, what: str, windows: list[Window]) -> Explanation:
+        have = sum(1 for w in windows if w.requests and w.end > self.now - self.horizon_s)
+        return Explanation(service, f"{service}{' ' + what if what else ''}: warming up: {have} window(s) with "
+                                    f"requests, needs {MIN_BASELINE_SPANS} spans of {self.recent_s:g} s before "
+                                    "the last one", what=what)
+
+    def _attribute(self, service: str, what: str, split: _Split, below: dict[str, Explanation]) -> Explanation:
+        """Shares of what moved (request latency, or what = TTFT / TPOT) among the causes' rises."""
         evidence = _rises(split, {f"tool:{d}" for d in below})
         moves = _moves(split, sum(evidence[c]["rise_s"] for c in PER_REQUEST if c in evidence))
         moved = max(moves, key=lambda m: moves[m][0] - moves[m][1])   # further beyond its band
         growth, noise, attributable = moves[moved]
         evidence = _discount_own_clock(evidence | _downstream_rises(below, moved))
-        evidence = _offered_load(split, evidence, attributable)
+        if not what:
+            evidence = _offered_load(split, evidence, attributable)
 
         p50_base, p99_base = split.p50, split.p99
         p99 = split.recent.p99
@@ -423,8 +461,8 @@ class _Explainer:
         jitter_s, jitter_shares = _jitter(split, {d: self.history[d] for d in below})
         exp = Explanation(service, "", shares=shares, excess_s=excess,
                           usual_tail_s=max(p99_base - p50_base, 0.0), moved=moved, moves=moves,
-                          p50_s=split.recent.p50, p99_s=p99,
-                          jitter_s=jitter_s, jitter_shares=jitter_shares, evidence=evidence, downstream=below)
+                          p50_s=split.recent.p50, p99_s=p99, jitter_s=jitter_s, jitter_shares=jitter_shares,
+                          evidence=evidence, downstream=below, what=what)
         _conclude(exp, attributable, noise, sum(e["rise_s"] for e in evidence.values()))
         return exp
 
@@ -434,7 +472,7 @@ def _conclude(exp: Explanation, attributable: float, noise: float, total_rise: f
     ranked = sorted(exp.shares.items(), key=lambda kv: -kv[1])
     top, top_share = ranked[0] if ranked else ("", 0.0)
     second = ranked[1][1] if len(ranked) > 1 else 0.0
-    head = f"{exp.service} {exp.moved} {exp.growth_s * 1e3:+.1f} ms over its baseline"
+    head = f"{exp.service} {exp.what + ' ' if exp.what else ''}{exp.moved} {exp.growth_s * 1e3:+.1f} ms over its baseline"
     if top_share <= DOMINANT_SHARE:
         exp.verdict = f"{head}: no dominant cause"
         exp.confidence = 1.0 - top_share / DOMINANT_SHARE
@@ -447,7 +485,21 @@ def _conclude(exp: Explanation, attributable: float, noise: float, total_rise: f
     coverage = min(total_rise / attributable, 1.0) if attributable > 0 else 0.0
     exp.confidence = significance * (0.5 + 0.5 * dominance) * (0.5 + 0.5 * coverage)
     exp.verdict = f"{head}: " + "; ".join(" → ".join(f"{s * 100:.0f} % {c.removeprefix('downstream:')}"
-                                                   for _, c, s in path) for path in (exp.path, *exp.also))
+                                                   for _, c, s in path) + _moved_signal(exp, path)
+                                          for path in (exp.path, *exp.also))
+
+
+def _moved_signal(exp: Explanation, path: list[tuple[str, str, float]]) -> str:
+    """' (waiting 14 → 52)': the signal that moved, for a cause that names one in a word."""
+    service, cause, _ = path[-1]
+    e = exp.evidence.get(cause) if service == exp.service else None
+    if not e or not e.get("short"):
+        return ""
+    return f" ({e['short']} {_rounded(e['baseline'])} → {_rounded(e['recent'])})"
+
+
+def _rounded(v: float) -> str:
+    return f"{v:.0f}" if abs(v) >= 10 else f"{v:.2g}"
 
 
 def _path(exp: Explanation, cause: str, share: float) -> list[tuple[str, str, float]]:

@@ -1,5 +1,6 @@
 """`slotune status`: the running daemon's per-service table (P99 vs SLO, TTFT
-and TPOT vs theirs where declared, top cause, settings, last decisions), refreshed in place in a terminal."""
+and TPOT vs theirs where declared, top cause, settings, what moved TTFT and TPOT, last decisions),
+refreshed in place in a terminal."""
 from __future__ import annotations
 
 import json
@@ -59,6 +60,11 @@ def render(status: dict) -> str:
             settings += " (control API down)"
         rows.append(f"{name:<12} {_ms(s['p50_s']):>7} {_ms(s['p99_s']):>6}{flag} {s['slo_p99_s'] * 1e3:>7.0f} "
                     f"{s['rate_rps']:>7.1f}{f' {_tokens(s):<24}' if tokens else ''}  {cause[:28]:<28} {settings}")
+    verdicts = [t["verdict"] for s in status["services"].values()
+                for t in ((s.get("attribution") or {}).get("tokens") or {}).values()]
+    if verdicts:
+        rows.append("\ntoken attribution (TTFT, TPOT):")
+        rows += [f"  {v}" for v in verdicts]
     mode = " (dry-run: nothing pushed)" if status.get("dry_run") else ""
     rows.append(f"\nlast decisions{mode}:")
     for d in status["decisions"][-6:]:
