@@ -6,6 +6,8 @@ from pathlib import Path
 
 DEMO_GATEWAY_TUNERS = """[services.gateway.tuners.throttle]
 interval_s = 2.0
+[services.gateway.tuners.degrade]
+interval_s = 1.0
 [services.gateway.tuners.sampling]
 interval_s = 5.0
 budget_traces_per_s = 2.0
@@ -52,6 +54,14 @@ min = 2
 max = 256
 max_step = 16
 integer = true
+[services.gateway.settings.degrade_ratio]
+min = 0.0
+max = 1.0
+max_step = 1.0
+[services.gateway.settings.rate_limit_rps]
+min = 1
+max = 1000
+max_step = 100
 [services.gateway.settings.trace_sample_rate]
 min = 0.001
 max = 1.0
