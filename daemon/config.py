@@ -218,7 +218,7 @@ def _service(file: Path, name: str, r: _Reader, default_tune_s: float) -> Servic
     settings = _settings(file, r.table_of("settings"))
     recommend = _recommend(file, r, profile, control, settings, admission_by)
     elsewhere = set(recommend) | (admission_settings() if admission_by else set())
-    tuners = _tuners(file, r, default_tune_s, control, settings, elsewhere)
+    tuners = _tuners(file, r, default_tune_s, control, settings, spec, elsewhere)
     r.done()
     return ServiceConf(spec, downstream, control, tuners, settings, admission_by, recommend)
 
@@ -334,10 +334,11 @@ def _targets(file, kind: str, r: _Reader) -> dict[str, str]:
 
 
 def _tuners(file, svc: _Reader, default_tune_s: float, control: Control | None,
-            settings: dict[str, Bounds], elsewhere: set[str] = frozenset()) -> tuple[TunerConf, ...]:
+            settings: dict[str, Bounds], service: ServiceSpec,
+            elsewhere: set[str] = frozenset()) -> tuple[TunerConf, ...]:
     """The service's [tuners.NAME] tables, each read by its tuner's spec. A tuner that
     pushes needs the [control] table (unless its settings are only recommended, or go
-    to a proxy: `elsewhere`), and bounds for every setting it pushes."""
+    to a proxy: `elsewhere`), bounds for every setting it pushes, and the SLOs it steers on."""
     from daemon.control.tuner_specs import SPECS   # here: the specs import the control code, which imports this
     r, out = svc.table_of("tuners"), []
     for name in list(r.table):
@@ -351,6 +352,9 @@ def _tuners(file, svc: _Reader, default_tune_s: float, control: Control | None,
             if setting not in settings:
                 raise ConfigError(file, svc.key(f"settings.{setting}"),
                                   f"missing: tuner {name} changes it, so it needs min, max and max_step")
+        for key in spec.slos:   # slo_ttft_p99_ms is read into slo_ttft_p99_s
+            if getattr(service, key.removesuffix("_ms") + "_s") <= 0:
+                raise ConfigError(file, svc.key(key), f"missing: tuner {name} steers on it; set it in ms")
         out.append(tuner)
     return tuple(out)
 

@@ -8,11 +8,12 @@ whitepaper rule and published anchors beside slotune's own policy ("slotune").
 """
 from __future__ import annotations
 
-from tuners import batch, breaker, budget, degrade, drift, sampling, throttle
+from tuners import batch, breaker, budget, continuous_batch, degrade, drift, sampling, throttle
 from tuners.base import Decision, Policy
 
 TUNERS = {"throttle": throttle, "batch": batch, "sampling": sampling,
-          "breaker": breaker, "drift": drift, "budget": budget, "degrade": degrade}
+          "breaker": breaker, "drift": drift, "budget": budget, "degrade": degrade,
+          "continuous_batch": continuous_batch}
 
 
 def policy(tuner: str, name: str = "slotune") -> Policy:

@@ -88,7 +88,13 @@ def _move(state: State, seqs: float, tokens: float, why: str, now: float):
 
 
 # --- whitepaper 2.3's batch rule on max_num_seqs, the TPOT SLO as the batch's latency, every 30 s
+def _no_slos(obs: Observation) -> bool:
+    return obs.slo_ttft_s <= 0 or obs.slo_tpot_s <= 0
+
+
 def _wp_decide(state: State, obs: Observation):
+    if _no_slos(obs):
+        return state, Decision({}, "the service declares no TTFT and TPOT SLOs")
     if obs.now - state.last_change < 30.0:
         return state, Decision({}, "whitepaper recomputes every 30 s")
     slo_ms = obs.slo_tpot_s * 1e3
@@ -108,8 +114,9 @@ TOKEN_BOUND = 0.9    # steps at this share of max_num_batched_tokens: prefill wa
 
 
 def _slotune_decide(state: State, obs: Observation):
-    if obs.requests <= 0:
-        return state, Decision({}, "no requests in the window")
+    if _no_slos(obs) or obs.requests <= 0:
+        return state, Decision({}, "the service declares no TTFT and TPOT SLOs" if _no_slos(obs) else
+                               "no requests in the window")
     # a request's TPOT is known when it ends, a lifetime late; the gaps of the window are what a
     # request running now gets (its TPOT is their mean), so the TPOT a change makes shows at once
     itl = obs.itl_mean_s if state.itl_s <= 0 else LIFE * obs.itl_mean_s + (1 - LIFE) * state.itl_s

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable, Mapping
 
-from tuners import batch, breaker, budget, degrade, drift, sampling, throttle
+from tuners import batch, breaker, budget, continuous_batch, degrade, drift, sampling, throttle
 
 from daemon.config import ServiceConf
 from daemon.model import labels
@@ -136,6 +136,30 @@ def batches_run(windows: list[Window]) -> tuple[tuple[int, int, float], ...]:
         if sizes is not None and compute is not None and sizes.count and compute.count:
             out.append((max(1, round(sizes.mean())), compute.count, compute.mean()))
     return tuple(out)
+
+
+def _gauge_mean(windows: list[Window], suffix: str) -> float:
+    """A gauge's mean over the windows that carry it, its series added in each (0 when none does)."""
+    per_window = [sum(v for (fam, _), v in w.gauges.items() if fam.endswith(suffix)) for w in windows
+                  if any(fam.endswith(suffix) for fam, _ in w.gauges)]
+    return sum(per_window) / len(per_window) if per_window else 0.0
+
+
+def for_continuous_batch(i: Inputs) -> continuous_batch.Observation:
+    """An LLM server's token latencies (the windows' TTFT, one per request, and gaps between
+    output tokens, one per gap) and its scheduler's signals: running and waiting sequences,
+    KV cache use, preemptions, tokens per step (daemon/profiles names them per product)."""
+    windows = i.recent
+    ttft, gaps, steps = i.span.ttft, i.span.tpot, _family_hist(windows, "_iteration_tokens")
+    return continuous_batch.Observation(
+        now=i.now, slo_ttft_s=i.conf.spec.slo_ttft_p99_s, slo_tpot_s=i.conf.spec.slo_tpot_p99_s,
+        ttft_p99_s=_q(ttft, 0.99), tpot_p99_s=_q(gaps, 0.99),
+        itl_mean_s=gaps.mean() if gaps is not None and gaps.count else 0.0,
+        requests=int(ttft.count) if ttft is not None else 0,
+        running=_gauge_mean(windows, "_num_requests_running"), waiting=_gauge_mean(windows, "_num_requests_waiting"),
+        kv_usage=_gauge_max(windows, "_kv_cache_usage_ratio") or 0.0,
+        preemptions=_family_sum(windows, "_num_preemptions_total"),
+        step_tokens=steps.mean() if steps is not None and steps.count else 0.0, step_tokens_p99=_q(steps, 0.99))
 
 
 def for_sampling(i: Inputs) -> sampling.Observation:

@@ -10,7 +10,7 @@ from types import ModuleType
 from typing import Any, Callable, Mapping
 
 import tuners
-from tuners import batch, breaker, budget, degrade, drift, sampling, throttle
+from tuners import batch, breaker, budget, continuous_batch, degrade, drift, sampling, throttle
 from tuners.base import Policy
 
 from daemon.control import observations
@@ -46,6 +46,7 @@ class TunerSpec:
     alert: Alert | None = None                          # set: it raises and clears an alert, pushes nothing
     # Decision.changes -> the service's settings, for a tuner that decides in its own terms
     to_settings: Callable[[dict[str, float], observations.Inputs], dict[str, float]] | None = None
+    slos: tuple[str, ...] = ()                          # the service's SLO keys it steers on; each must be set
 
     @property
     def name(self) -> str:
@@ -81,6 +82,8 @@ SPECS = {spec.name: spec for spec in (
                   Option("tool_slo_ms", 300.0, 0.1, 600_000.0, "a query's tool calls' SLO"),
                   Option("llm_slo_ms", 600.0, 0.1, 600_000.0, "the LLM call's SLO"))),
     TunerSpec(degrade, observations.for_degrade, (degrade.SETTING,)),
+    TunerSpec(continuous_batch, observations.for_continuous_batch, (continuous_batch.SEQS, continuous_batch.TOKENS),
+              slos=("slo_ttft_p99_ms", "slo_tpot_p99_ms")),
 )}
 
 # The settings that admit requests: a service whose engine has no live knob for them

@@ -1,11 +1,20 @@
 """Continuous-batching policies on hand-built windows (which knob moves, which way, how far,
-within which bounds), purity, and the iteration-level simulator against the step-time model
-worked out by hand."""
+within which bounds), purity, the iteration-level simulator against the step-time model
+worked out by hand, and the daemon's builder and config for the tuner."""
+import math
+
 import numpy as np
 import pytest
 
 from bench.sim import continuous as sim
 from bench.sim import continuous_batch_bench as bench
+from daemon import config
+from daemon.config import ServiceConf
+from daemon.control.observations import Inputs
+from daemon.control.tuner_specs import SPECS
+from daemon.model.histogram import BucketHistogram, Histogram
+from daemon.model.service import ServiceSpec
+from daemon.model.window import Window
 from tests.tuners.purity import assert_pure
 from tuners import continuous_batch as cb
 
@@ -146,3 +155,42 @@ def test_on_a_load_step_slotune_beats_vllm_s_defaults():
     runs = {p: [bench.run_one(p, "load_step", seed, quick=True)["goodput_ratio"] for seed in range(3)]
             for p in ("slotune", "vllm_default")}
     assert np.mean(runs["slotune"]) > np.mean(runs["vllm_default"]) + 0.02, runs
+
+
+# --- in the daemon: its spec's builder and config
+
+
+def test_the_builder_reads_the_llm_server_s_signals_from_the_windows():
+    def hist(values_s):
+        return Histogram.from_values(np.asarray(values_s) * 1e9)
+
+    steps = BucketHistogram.from_cumulative([(64.0, 30.0), (128.0, 90.0), (256.0, 100.0), (math.inf, 100.0)], 9000.0)
+    windows = [Window("llm", t, t + 1.0, 0.5, slo_ttft_s=1.0, slo_tpot_s=0.025,
+                      ttft=hist(np.full(50, 0.2 + 0.1 * t)), tpot=hist(np.full(500, 0.010 + 0.002 * t)),
+                      histograms={("inference_iteration_tokens", ""): steps},
+                      counters={("inference_num_preemptions_total", ""): 3.0},
+                      gauges={("inference_num_requests_running", ""): 20.0 + 10 * t,
+                              ("inference_num_requests_waiting", ""): 4.0, ("inference_kv_cache_usage_ratio", ""): 0.3 + 0.2 * t})
+               for t in range(2)]
+    spec = ServiceSpec("llm", cmdline="llm", slo_ttft_p99_s=1.0, slo_tpot_p99_s=0.025)
+    o = SPECS["continuous_batch"].observe(Inputs(2.0, windows, windows, ServiceConf(spec), {}, 2.0, lambda *a: None))
+    assert (o.slo_ttft_s, o.slo_tpot_s, o.requests) == (1.0, 0.025, 100)
+    assert o.ttft_p99_s == pytest.approx(0.3, rel=0.05) and o.tpot_p99_s == pytest.approx(0.012, rel=0.05)
+    assert o.itl_mean_s == pytest.approx(0.011, rel=0.05)
+    assert (o.running, o.waiting, o.kv_usage, o.preemptions) == (25.0, 4.0, 0.5, 6.0)
+    assert o.step_tokens == pytest.approx(90.0) and 128.0 <= o.step_tokens_p99 <= 256.0
+
+
+def test_the_config_wants_both_token_slos_for_this_tuner(tmp_path):
+    path = tmp_path / "slotune.toml"
+    table = ("[services.llm]\ncmdline = 'llm'\nslo_ttft_p99_ms = 1000\n{tpot}[services.llm.control]\nkind = 'file'\n"
+             "path = '/tmp/llm.json'\n[services.llm.tuners.continuous_batch]\n" +
+             "".join(f"[services.llm.settings.{s}]\nmin = 1\nmax = 4096\nmax_step = 512\ninteger = true\n"
+                     for s in (cb.SEQS, cb.TOKENS)))
+    path.write_text(table.format(tpot=""))
+    with pytest.raises(config.ConfigError, match="tuner continuous_batch steers on it") as err:
+        config.load(path)
+    assert err.value.key == "services.llm.slo_tpot_p99_ms"
+    path.write_text(table.format(tpot="slo_tpot_p99_ms = 25\n"))
+    [tuner] = config.load(path).service("llm").tuners
+    assert (tuner.name, tuner.policy) == ("continuous_batch", "slotune")

@@ -14,6 +14,7 @@ EXPECTED = {
     "drift": {"slotune", "whitepaper", "zscore", "cusum", "page_hinkley", "ks"},
     "budget": {"slotune", "whitepaper", "equal"},
     "degrade": {"slotune", "whitepaper", "brownout"},
+    "continuous_batch": {"slotune", "whitepaper"},
 }
 
 

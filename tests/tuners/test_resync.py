@@ -7,7 +7,8 @@ from tuners import TUNERS
 
 SETTINGS = {"concurrency_limit": 32.0, "rate_limit_rps": 100.0, "max_batch_size": 8.0, "max_queue_delay_ms": 5.0,
             "trace_sample_rate": 0.5, "trace_keep_slower_than_s": 0.2, "breaker_failure_threshold": 0.5,
-            "breaker_consecutive_failures": 5.0, "breaker_open_s": 30.0, "degrade_ratio": 0.5}
+            "breaker_consecutive_failures": 5.0, "breaker_open_s": 30.0, "degrade_ratio": 0.5,
+            "max_num_seqs": 64.0, "max_num_batched_tokens": 512.0}
 IN_FORCE = {k: v * 0.5 for k, v in SETTINGS.items()}
 CASES = [(t, name, p) for t, mod in TUNERS.items() for name, p in mod.POLICIES.items() if p.fields]
 

@@ -39,7 +39,7 @@ def service_for(name: str, table: str) -> str:
     """A service with a control surface, bounds for every setting the tuner pushes, and its table."""
     bounds = "".join(f"[services.api.settings.{s}]\nmin = 0\nmax = 100\nmax_step = 1\n"
                      for s in SPECS[name].pushes("slotune"))
-    return (f"[services.api]\ncmdline = 'api'\n[services.api.control]\nkind = 'file'\npath = '/tmp/api.json'\n"
+    return (f"[services.api]\ncmdline = 'api'\nslo_ttft_p99_ms = 1000\nslo_tpot_p99_ms = 50\n[services.api.control]\nkind = 'file'\npath = '/tmp/api.json'\n"
             f"[services.api.tuners.{name}]\n{table}{bounds}")
 
 
