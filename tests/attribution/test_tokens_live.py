@@ -1,0 +1,55 @@
+"""Live: the real inference server in LLM mode, read each second by the daemon's
+own service-metrics collector into windows; after a calm baseline a burst of
+streaming requests overfills its running batch, and the TTFT explanation must
+name queueing (the waiting sequences) as its top cause."""
+import threading
+import time
+
+from daemon.attribution.explain import explain
+from daemon.collectors.service_metrics import ServiceMetricsCollector
+from daemon.model import window
+from daemon.model.service import ServiceSpec
+from reference_stack import launcher
+from reference_stack.llm.load import Lengths, run_llm_load
+from tests.stack.conftest import one_service
+
+CALM_S = 16          # at least 5 spans of 2 s with first tokens, before the recent 2 s
+BURST_S = 4          # judged after 3 s of it: its recent span lies inside the burst
+MAX_NUM_SEQS = 2     # a small batch, so that a burst waits for places
+
+
+def test_a_burst_past_the_running_batch_is_explained_by_waiting_sequences(tmp_path):
+    files = launcher.init_run_dir(tmp_path)
+    port = launcher.free_ports(1)[0]
+    url = f"http://127.0.0.1:{port}"
+    args = ["inference", "--port", str(port), "--run-dir", str(tmp_path), *launcher.SMALL_LLM_MODEL,
+            "--token-file", str(files["token_file"]), "--set", f"max_num_seqs={MAX_NUM_SEQS}"]
+    spec = ServiceSpec("inference", metrics_url=url + "/metrics",
+                       latency_metric="inference_e2e_request_latency_seconds", slo_p99_s=30.0,
+                       slo_ttft_p99_s=0.5, slo_tpot_p99_s=0.05, ttft_metric="inference_time_to_first_token_seconds",
+                       tpot_metric="inference_inter_token_latency_seconds")
+    prompt, output = Lengths(24, 0, 128, "fixed"), Lengths(48, 0, 256, "fixed")
+    collector = ServiceMetricsCollector()
+    collector.start([spec])
+    history = []
+    with one_service(args, url + "/healthz"):
+        def load():
+            run_llm_load(url + "/v1/completions", 2.0, CALM_S, prompt, output, timeout_s=30, seed=1)
+            run_llm_load(url + "/v1/completions", 40.0, BURST_S, prompt, output, timeout_s=30, seed=2)
+        loader = threading.Thread(target=load, daemon=True)
+        collector.collect(0.0, time.time())                     # the starting point of every delta
+        began = start = time.time()
+        loader.start()
+        while time.time() - began < CALM_S + 3:
+            time.sleep(max(start + 1.0 - time.time(), 0))
+            end = time.time()
+            history.append(window.build(spec, start, end, collector.collect(start, end)))
+            start = end
+        ttft = explain("inference", {"inference": history}, now=end).tokens["ttft"]
+    loader.join(timeout=40)
+    collector.close()
+    print(ttft.verdict)
+    queue = ttft.evidence.get("queue", {})
+    assert ttft.top_cause == "queue", (ttft.verdict, ttft.evidence)
+    assert queue["recent"] > queue["baseline"] + MAX_NUM_SEQS, queue     # the waiting line grew
+    assert ttft.growth_s > 0 and "queue (waiting" in ttft.verdict
