@@ -282,6 +282,7 @@ class Daemon:
                 "ttft_p99_s": _finite(w.ttft.quantile(0.99)) if w and w.ttft is not None and w.ttft.count else None,
                 "tpot_p99_s": _finite(w.tpot.quantile(0.99)) if w and w.tpot is not None and w.tpot.count else None,
                 "rate_rps": w.rate if w else 0.0,
+                "goodput_rps": w.goodput if w else 0.0,
                 "errors": w.errors if w else 0.0,
                 "latency_source": w.latency_source if w else "",
                 "settings": {k: v for (name, k), v in view.settings.items() if name == svc.name},
