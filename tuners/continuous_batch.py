@@ -10,9 +10,17 @@ chunk that rides along (tokens beyond one per decode). TTFT is the wait for a sl
 max_num_seqs sequences run, the rest queue) plus the prefill's own steps (a prompt of P
 tokens takes about P / (tokens - running) steps). Wider batches and bigger chunks carry more
 load (the fixed cost a is shared) and so cut queueing, and they lengthen every step.
-The step time is the one resource both SLOs spend, so the policy treats TPOT as a budget:
-- TPOT P99 over its target: the step is too wide, so narrow it by the overshoot, on the knob
-  that widened it (the token budget when the steps carry prefill chunks, else the seqs).
+The step time is the one resource both SLOs spend, so the policy treats TPOT as a budget.
+It reads TPOT from the window's inter-token gaps, not from the requests that finished: a
+request's TPOT is known when it ends, a lifetime after the steps that made it, and cutting
+again on it overshoots; a request running now gets the window's mean gap as its TPOT. The
+mean is averaged over about a request's life (one window of document prefills is diluted in
+a request's TPOT too) and starts afresh after each change (the gaps before it describe the
+old step).
+- TPOT over its target: the step is too long, so shrink it by the overshoot (at most by
+  half): the sequences (from the running count) and the token budget (from the steps'
+  P99 tokens) by the same factor, which shrinks a + b*tokens + c*seqs by about that factor
+  whichever term dominates.
 - TTFT P99 over its target with TPOT under its own: spend the TPOT headroom, by the share
   that keeps TPOT within its target (a step's time grows at most in proportion to its
   width), on what TTFT waits for: seqs when sequences queue for a slot, tokens when the
@@ -20,7 +28,7 @@ The step time is the one resource both SLOs spend, so the policy treats TPOT as 
 - Both within target: hold. A setting that is not binding costs nothing, and shrinking it
   would only make the next burst queue.
 - The KV cache full or preempting: more sequences cannot all be held, and a preempted one
-  recomputes its whole context and stalls its stream: seqs go to the running count the
+  recomputes its whole context and stalls its stream: seqs go under the running count the
   cache held, and grow no further while it is nearly full.
 Both over at once is overload that no batch shape clears: the TPOT rule wins, because a
 step over the TPOT SLO fails every running request, while the queue only fails the late.
@@ -50,7 +58,7 @@ class Observation:
     slo_ttft_s: float          # the service's TTFT P99 objective
     slo_tpot_s: float          # its TPOT P99 objective (time per output token)
     ttft_p99_s: float          # of the first tokens of the window (0 when none)
-    tpot_p99_s: float          # of the requests finished in the window (0 when none)
+    tpot_p99_s: float          # per request where measured so (the simulator), else per gap (shown, not steered on)
     itl_mean_s: float          # mean gap between two tokens of a sequence, over the window's gaps (0 when none)
     requests: int              # requests the window's quantiles come from
     running: float             # sequences in the running batch, mean over the window
@@ -108,7 +116,7 @@ LIFE = 0.5          # weight of the newest window in the gap average (a request 
 MAX_GROWTH = 1.5     # largest rise per decision (the TPOT it costs shows only a window later)
 MIN_CUT = 0.5        # largest cut per decision
 KV_FULL = 0.95       # KV cache share above which more sequences would not fit
-PREFILL_HEAVY = 2.0  # the token budget's floor, per running sequence: as many prefill tokens as decodes
+TOKEN_FLOOR = 2.0    # the token budget's floor, per running sequence: as many prefill tokens as decodes
 SLOT_BOUND = 0.9     # running at this share of max_num_seqs with a queue: sequences wait for a slot
 TOKEN_BOUND = 0.9    # steps at this share of max_num_batched_tokens: prefill waits for the budget
 
@@ -117,8 +125,6 @@ def _slotune_decide(state: State, obs: Observation):
     if _no_slos(obs) or obs.requests <= 0:
         return state, Decision({}, "the service declares no TTFT and TPOT SLOs" if _no_slos(obs) else
                                "no requests in the window")
-    # a request's TPOT is known when it ends, a lifetime late; the gaps of the window are what a
-    # request running now gets (its TPOT is their mean), so the TPOT a change makes shows at once
     itl = obs.itl_mean_s if state.itl_s <= 0 else LIFE * obs.itl_mean_s + (1 - LIFE) * state.itl_s
     state = replace(state, itl_s=itl)
     tpot = itl / (TARGET * obs.slo_tpot_s)
@@ -129,11 +135,10 @@ def _slotune_decide(state: State, obs: Observation):
                f"inter-token {obs.itl_mean_s * 1e3:.1f} ms, "
                f"running {obs.running:.0f}, waiting {obs.waiting:.0f}")
     if obs.preemptions > 0 or obs.kv_usage >= KV_FULL:
-        held = min(seqs, running)
-        seqs = held * (0.9 if obs.preemptions > 0 else 1.0)
+        seqs = min(seqs, running) * (0.9 if obs.preemptions > 0 else 1.0)
         why = f"KV cache {obs.kv_usage:.0%} full, {obs.preemptions:.0f} preempted: seqs to {seqs:.0f}"
         if tpot > 1:
-            tokens = max(PREFILL_HEAVY * running, min(tokens, obs.step_tokens_p99) / tpot)
+            tokens = max(TOKEN_FLOOR * running, min(tokens, obs.step_tokens_p99) / tpot)
             why += f"; TPOT over target: token budget x{1 / tpot:.2f}"
         return _move(state, seqs, tokens, f"{figures}; {why}", obs.now)
     if tpot > 1:   # a step takes about a + b*tokens + c*seqs: shrinking both by `cut` shrinks it by about that
