@@ -28,6 +28,16 @@ def _wait_port(port: int, proc: subprocess.Popen | None, what: str, timeout: flo
         time.sleep(0.05)
 
 
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
 def haproxy_stat(sock: str, proxy: str, server: str) -> dict[str, str]:
     """One row of HAProxy's `show stat`, read straight off its socket (independently of the actuator)."""
     with socket.socket(socket.AF_UNIX) as s:
@@ -51,6 +61,7 @@ class Haproxy:
     socket: str
     port: int        # the frontend's
     folder: Path
+    metrics_url: str  # its Prometheus exporter, on a frontend of its own
 
     def stat(self, proxy: str, server: str) -> dict[str, str]:
         return haproxy_stat(self.socket, proxy, server)
@@ -61,11 +72,9 @@ def haproxy(folder: Path, backend_port: int, maxconn: int = 64, *, queue_timeout
     """HAProxy in front of 127.0.0.1:backend_port: frontend fe_main -> backend be_app, server app
     with `maxconn` (a request that waits longer than queue_timeout_ms for it gets HAProxy's 503),
     an admin stats socket at folder/admin.sock and its
-    Prometheus exporter on /haproxy-metrics."""
+    Prometheus exporter on a frontend of its own (metrics_url)."""
     folder.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port, stats_port = _free_ports(2)
     sock = folder / "admin.sock"
     (folder / "haproxy.cfg").write_text(f"""global
     stats socket {sock} mode 600 level admin
@@ -79,8 +88,10 @@ defaults
 frontend fe_main
     bind 127.0.0.1:{port}
     maxconn 1000
-    http-request use-service prometheus-exporter if {{ path /haproxy-metrics }}
     default_backend be_app
+frontend fe_stats
+    bind 127.0.0.1:{stats_port}
+    http-request use-service prometheus-exporter
 backend be_app
     server app 127.0.0.1:{backend_port} maxconn {maxconn}
 """)
@@ -92,7 +103,7 @@ backend be_app
         while not sock.exists():
             assert time.monotonic() < deadline, "haproxy made no stats socket"
             time.sleep(0.05)
-        yield Haproxy(proc, str(sock), port, folder)
+        yield Haproxy(proc, str(sock), port, folder, f"http://127.0.0.1:{stats_port}/metrics")
     finally:
         proc.terminate()
         try:
@@ -145,9 +156,7 @@ def nginx(folder: Path, include_text: str, *, delay_s: float = 0.2):
     its limit_conn applies there. Its workers run as nobody when started by root; everything
     else is in folder."""
     folder.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port, = _free_ports(1)
     include, conf, access = folder / "slotune-limits.conf", folder / "nginx.conf", folder / "access.log"
     include.write_text(include_text)
     include.chmod(0o640)

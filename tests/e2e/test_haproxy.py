@@ -1,0 +1,135 @@
+"""slotune tunes a real HAProxy (Debian's 2.6) in front of the reference inference
+server (request-level /generate, one request per batch): a load step past the
+server's capacity makes the throttle lower HAProxy's server maxconn through the
+runtime API (read independently with `show stat`: HAProxy 2.6's `show servers
+state` has no maxconn column), P99 comes back under the SLO, and once it is
+back the throttle raises the limit again while the limit binds. When the load
+drops the limit no longer binds and is left alone (the throttle raises only a
+binding limit), so the raise is seen inside the step. The throttle observes HAProxy itself: the
+latency from the kernel (the http probe family on HAProxy's frontend port: its
+exporter keeps no histogram), the requests in flight from its exporter (profile
+haproxy: backend current sessions, queued ones included). Requests HAProxy
+cannot hand to the server within 20 ms get its 503 (timeout queue)."""
+import asyncio
+import random
+import threading
+import time
+
+import aiohttp
+import numpy as np
+import pytest
+
+from reference_stack import launcher
+from tests.actuators.real_servers import haproxy
+from tests.stack.conftest import one_service
+
+SLO_MS, START_LIMIT, QUEUE_TIMEOUT_MS = 600, 32, 20
+HIGH_S, LOW_S = 18.0, 6.0
+HIGH_X, LOW_X = 2.0, 0.7     # the load steps, times the capacity measured on this host at the start
+
+
+async def _capacity(url: str, seconds: float = 3.0, concurrency: int = 4) -> float:
+    """Requests per second the server answers through HAProxy, closed loop."""
+    answered, end = 0, time.monotonic() + seconds
+    async with aiohttp.ClientSession() as session:
+        async def worker():
+            nonlocal answered
+            while time.monotonic() < end:
+                async with session.post(url, json={"prompt": "a short prompt"}) as r:
+                    await r.read()
+                    answered += r.status == 200
+        await asyncio.gather(*[worker() for _ in range(concurrency)])
+    return answered / seconds
+
+
+async def _load(url: str, phases, out: list) -> None:
+    """Open-loop Poisson arrivals: (sent at, latency, status) of every POST /generate."""
+    rng = random.Random(17)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        async def one(sent):
+            try:
+                async with session.post(url, json={"prompt": "a short prompt"}) as r:
+                    await r.read()
+                    out.append((sent, time.monotonic() - sent, r.status))
+            except aiohttp.ClientError:
+                out.append((sent, time.monotonic() - sent, 0))
+        tasks, t0 = [], time.monotonic()
+        for rate, seconds in phases:
+            end = time.monotonic() + seconds
+            while (now := time.monotonic()) < end:
+                tasks.append(asyncio.ensure_future(one(now)))
+                await asyncio.sleep(rng.expovariate(rate))
+        await asyncio.gather(*tasks)
+
+
+def _config(port: int, work, hp) -> str:
+    return f"""[daemon]
+collect_interval_s = 1.0
+exporter_address = "127.0.0.1:{port}"
+baseline_store = "{work}/baselines.sqlite"
+audit_log = "{work}/audit.jsonl"
+environment = "test"
+probes = ["http"]
+
+[services.front]
+profile = "haproxy"
+port = {hp.port}
+metrics_url = "{hp.metrics_url}"
+slo_p99_ms = {SLO_MS}
+
+[services.front.control]
+kind = "haproxy"
+address = "{hp.socket}"
+[services.front.control.targets]
+concurrency_limit = "maxconn server be_app/app"
+
+[services.front.tuners.throttle]
+interval_s = 1.0
+
+[services.front.settings.concurrency_limit]
+min = 2
+max = 64
+max_step = 16
+integer = true
+"""
+
+
+def test_load_step_lowers_haproxy_maxconn_brings_p99_back_and_relaxes(tmp_path, daemon_factory, root_only):
+    inference_port = launcher.free_ports(1)[0]
+    with one_service(["inference", "--port", str(inference_port), "--run-dir", str(tmp_path / "stack"),
+                      "--set", "max_batch_size=1"], f"http://127.0.0.1:{inference_port}/healthz"), \
+            haproxy(tmp_path / "haproxy", inference_port, maxconn=START_LIMIT,
+                    queue_timeout_ms=QUEUE_TIMEOUT_MS) as hp:
+        url = f"http://127.0.0.1:{hp.port}/generate"
+        capacity = asyncio.run(_capacity(url))
+        d = daemon_factory(lambda port, work: _config(port, work, hp))
+        records, trace, done = [], [], threading.Event()
+        print(f"capacity {capacity:.1f} req/s: load {HIGH_X * capacity:.1f} then {LOW_X * capacity:.1f} req/s")
+
+        def load():
+            asyncio.run(_load(url, [(HIGH_X * capacity, HIGH_S), (LOW_X * capacity, LOW_S)], records))
+            done.set()
+
+        threading.Thread(target=load, daemon=True).start()
+        t0 = time.monotonic()
+        while not done.is_set():
+            trace.append((time.monotonic() - t0, int(hp.stat("be_app", "app")["slim"]),
+                          d.status()["services"]["front"]["p99_s"]))
+            time.sleep(1.0)
+        print("t, show stat slim, slotune P99:", [(round(t), s, p and round(p * 1e3)) for t, s, p in trace])
+        limits = [s for _, s, _ in trace]
+        lowest = limits.index(min(limits))
+        assert min(limits) < START_LIMIT / 2, f"the throttle never lowered HAProxy's maxconn: {limits}"
+        assert max(limits[lowest:]) > min(limits), f"the throttle never raised maxconn again: {limits}"
+        pushed = [e for e in d.audit() if e["outcome"] == "pushed"]
+        assert pushed and all(e["setting"] == "concurrency_limit" and 2 <= e["new"] <= 64 for e in pushed)
+        served = np.array([(sent - records[0][0], lat) for sent, lat, status in records if status == 200])
+        late = served[(served[:, 0] > HIGH_S - 8) & (served[:, 0] < HIGH_S)][:, 1]
+        early = served[served[:, 0] < 6][:, 1]
+        low = [status for sent, _, status in records if sent - records[0][0] > HIGH_S + 1]
+        print(f"client P99 first 6 s {np.quantile(early, .99) * 1e3:.0f} ms, last 8 s of the step "
+              f"{np.quantile(late, .99) * 1e3:.0f} ms ({len(late)} answers), 503s "
+              f"{sum(status == 503 for _, _, status in records)} of {len(records)}, after the drop "
+              f"{low.count(503)} of {len(low)}")
+        assert np.quantile(early, 0.99) > SLO_MS / 1e3, "the step never pushed P99 over the SLO"
+        assert np.quantile(late, 0.99) <= SLO_MS / 1e3, "P99 not back under the SLO late in the step"
