@@ -20,10 +20,10 @@
  * received segment after that), so each busy connection weighs the same in time,
  * however many segments it receives: a burst of ACKs counts once.
  * The peer label comes from the remote port (ServiceSpec.peers), else "other".
- * The first test on every segment is two array lookups (inlined by the JIT):
- * tcp_sock_hint counts the owned sockets whose address hashes to a slot, and
- * tcp_port_hint marks the local ports some service listens on (user space sets
- * it). A segment of a socket no service owns, the host's other traffic, stops
+ * The first test on every segment is two lookups in small arrays (inlined by
+ * the JIT, 16 KiB together so they stay in cache): tcp_sock_hint counts the
+ * owned sockets whose address hashes to a slot, and tcp_port_hint has a bit for
+ * each local port some service listens on (user space sets it). A segment of a socket no service owns, the host's other traffic, stops
  * there; only the others look up tcp_socks, the namespace and tcp_listen_ports. */
 
 #define TCP_ESTABLISHED 1
@@ -60,23 +60,26 @@ BPF_TABLE("lru_hash", u64, struct tcp_owner, tcp_socks, 65536);        /* skaddr
 BPF_HASH(tcp_listen_ports, struct tcp_listen_key, u32, 1024);          /* (netns, local port) -> service */
 BPF_HASH(tcp_peer_ports, struct tcp_peer_key, u16, 1024);              /* (service, remote port) -> peer id */
 BPF_ARRAY(tcp_sock_hint, u32, TCP_HINT_SLOTS);                          /* owned sockets per address slot */
-BPF_ARRAY(tcp_port_hint, u32, 65536);                                   /* local port -> a service listens on it */
+BPF_ARRAY(tcp_port_hint, u64, 1024);                                    /* bit per local port a service listens on */
 
 static __always_inline u32 *tcp_sock_slot(u64 sk)
 {
-    u32 slot = (u32)((sk >> 8) ^ (sk >> 24)) & (TCP_HINT_SLOTS - 1);
+    u32 slot = (u32)((sk >> 8) ^ (sk >> 20)) & (TCP_HINT_SLOTS - 1);
     return tcp_sock_hint.lookup(&slot);
+}
+
+static __always_inline int tcp_port_listened(u16 sport)
+{
+    u32 word = sport >> 6;
+    u64 *bits = tcp_port_hint.lookup(&word);
+    return bits && (*bits >> (sport & 63)) & 1;
 }
 
 /* Could a service own this socket? False for nearly every socket it does not. */
 static __always_inline int tcp_maybe_owned(u64 sk, u16 sport)
 {
     u32 *n = tcp_sock_slot(sk);
-    if (n && *n)
-        return 1;
-    u32 port = sport;
-    u32 *listened = tcp_port_hint.lookup(&port);
-    return listened && *listened;
+    return (n && *n) || tcp_port_listened(sport);
 }
 
 static __always_inline void tcp_own(u64 sk, struct tcp_owner *o)
@@ -174,9 +177,7 @@ int on_tcp_retransmit(struct tracepoint__tcp__tcp_retransmit_skb *args)
 /* A SYN-ACK sent again by a listener (fires only when sent; one segment). */
 int on_tcp_retransmit_synack(struct tracepoint__tcp__tcp_retransmit_synack *args)
 {
-    u32 port = args->sport;
-    u32 *listened = tcp_port_hint.lookup(&port);
-    if (!listened || !*listened)
+    if (!tcp_port_listened(args->sport))
         return 0;
     u32 *service = tcp_listener_of((u64)args->skaddr, args->sport);
     if (service)

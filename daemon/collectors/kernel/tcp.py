@@ -22,7 +22,7 @@ SK_NET = ("sock", "__sk_common.skc_net.net")      # struct net * of a socket
 NET_INUM = ("net", "ns.inum")                      # its inode, as in /proc/<pid>/ns/net
 SKB_CB = ("sk_buff", "cb")                         # TCP_SKB_CB(skb) lives here
 CB_SEGS = ("tcp_skb_cb", "tcp_gso_segs")           # tcp_skb_pcount(skb)
-SOCK_HINT_SLOTS = 65536                            # tcp_sock_hint slots (socket address hash)
+SOCK_HINT_SLOTS = 1024                             # tcp_sock_hint slots (socket address hash): 8 KiB
 RETRANSMIT_FORMAT = "/sys/kernel/tracing/events/tcp/tcp_retransmit_skb/format"
 
 
@@ -66,7 +66,7 @@ class Tcp(Family):
         self.peer_ids: dict[str, int] = {OTHER: 0}   # grows only: ids stay stable for deltas
         self.defines = {"TCP_PEER_OTHER": 0, "TCP_RTT_EVERY_NS": RTT_EVERY_NS, "TCP_HINT_SLOTS": SOCK_HINT_SLOTS,
                         **kernel_layout()}
-        self.hinted_ports: set[int] = set()          # tcp_port_hint entries set
+        self.port_words: dict[int, int] = {}         # tcp_port_hint words written (port // 64 -> bits)
         self.netns_known = self.defines["TCP_SK_NET_OFF"] >= 0 and self.defines["TCP_NET_INUM_OFF"] >= 0
 
     def label(self, signal: str, label_id: int) -> str:
@@ -86,10 +86,11 @@ class Tcp(Family):
                 peers[(sid, port, 0)] = self.peer_ids.setdefault(peer, len(self.peer_ids))
         set_entries(program.table("tcp_listen_ports"), U32, listen)    # keys (netns, port, pad)
         set_entries(program.table("tcp_peer_ports"), U16, peers)       # keys (service, port, pad)
-        ports = {port for _, port, _ in listen}
+        words: dict[int, int] = {}
+        for _, port, _ in listen:
+            words[port >> 6] = words.get(port >> 6, 0) | 1 << (port & 63)
         hint = program.table("tcp_port_hint")
-        for port in ports - self.hinted_ports:
-            hint[ctypes.c_int(port)] = U32(1)
-        for port in self.hinted_ports - ports:
-            hint[ctypes.c_int(port)] = U32(0)
-        self.hinted_ports = ports
+        for word in words.keys() | self.port_words.keys():
+            if words.get(word, 0) != self.port_words.get(word, 0):
+                hint[ctypes.c_int(word)] = ctypes.c_uint64(words.get(word, 0))
+        self.port_words = words
