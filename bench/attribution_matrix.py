@@ -133,6 +133,15 @@ def share_of(explanations: dict, service: str, cause: str) -> float:
     return shares.get(cause, 0.0)
 
 
+def in_order_of_growth(parts, results: list[dict]) -> tuple:
+    """Faults in the order of the growth each made alone in the runs so far, largest first
+    (a part not run alone keeps its place)."""
+    def alone(f) -> float:
+        grown = [r["growth_s"] for r in results if r["fault"] == f.name]
+        return sum(grown) / len(grown) if grown else 0.0
+    return tuple(sorted(parts, key=alone, reverse=True))
+
+
 def names_every_part(fault, exp) -> bool:
     """Faults injected together: the explanation's dominant paths (top first, then the
     others by share) end at each part's cause, in the parts' order."""
@@ -171,6 +180,7 @@ def judge(fault, steps: list[tuple[float, dict]], t_on: float, settle: int, serv
     return {"fault": fault.name, "reported": reported, "correct": named,
             "leaf_share": sum(leaf) / len(leaf) if leaf else 0.0, "e2e_share": sum(e2e) / len(e2e) if e2e else 0.0,
             "max_top_share": max(top_shares, default=0.0), "windows": len(on),
+            "growth_s": sum(exp.growth_s for _, exp in on[settle:]) / max(len(on[settle:]), 1),
             "tail_at": first_tail, "detected_at": first_ok,
             "verdicts": [_detail(exp) for _, exp in on]}
 
@@ -328,6 +338,8 @@ def main() -> int:
                 finally:
                     fault.remove()
                 steps = [s for s in loop.steps if t_on < s[0] <= t_on + args.fault_s + 0.5]
+                if getattr(fault, "parts", ()):
+                    fault.parts = in_order_of_growth(fault.parts, results)
                 r = judge(fault, steps, t_on, args.settle, target.service)
                 r["run"] = run
                 results.append(r)

@@ -268,8 +268,9 @@ class NoisyNeighbour(Fault):
 
 @dataclass
 class Together(Fault):
-    """Several faults at once; `parts` in the order of the share of the tail each should
-    get, largest first: the verdict must name every one, in that order."""
+    """Several faults at once: the verdict must name every one, in the order of the
+    growth each made alone (`parts` is put in that order by the matrix, from the runs
+    of each part alone before it)."""
     parts: tuple[Fault, ...] = ()
 
     def prepare(self) -> None:
@@ -298,9 +299,9 @@ def matrix_faults(stack: dict, sidecar_port: int, rate: float) -> list[Fault]:
                   (("*", "offered_load"),), stack, url=stack["query_url"], rate=2 * rate),
             NoisyNeighbour("neighbour", "one busy loop per CPU at nice 0, unrelated to any service",
                            (("*", "runqueue_wait"),), stack),
-            Together("tool+queue", "the tool and the queue faults at once (the tool's 400 ms tail first, "
-                                   "the queue's 150 ms second)",
-                     by_name["tool"].expected, stack, parts=(by_name["tool"], by_name["queue"]))]
+            Together("cpu+tool", "the cpu and the tool faults at once, named in the order of the growth "
+                                 "each made alone",
+                     by_name["cpu"].expected, stack, parts=(by_name["cpu"], by_name["tool"]))]
 
 
 def _stack_faults(stack: dict, sidecar_port: int) -> list[Fault]:
