@@ -6,6 +6,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -46,8 +47,7 @@ def inference_port(tmp_path):
 
 
 def discover(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "daemon.cli", "discover", "--timeout", "2",
-                           "--metrics-path", "/haproxy-metrics", *args],
+    return subprocess.run([sys.executable, "-m", "daemon.cli", "discover", "--timeout", "2", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
@@ -64,9 +64,12 @@ def test_discover_lists_each_with_its_profile_and_writes_a_config_that_loads(tmp
         listed = discover()
         assert listed.returncode == 0, listed.stderr
         table = rows(listed.stdout)
-        lb_row, web_row = table[lb.port], table[web.port]
+        stats_port = urlsplit(lb.metrics_url).port
+        lb_row, web_row = table[stats_port], table[web.port]
         llm_row, redis_row = table[inference_port], table[redis_port]
-        assert (lb_row["PROFILE"], lb_row["METRICS"]) == ("haproxy", f"http://127.0.0.1:{lb.port}/haproxy-metrics")
+        assert (lb_row["PROFILE"], lb_row["METRICS"]) == ("haproxy", lb.metrics_url)
+        # its proxying frontend passes /metrics on to the inference server: that page is not taken as HAProxy's
+        assert (table[lb.port]["PROFILE"], table[lb.port]["METRICS"]) == ("haproxy", "-")
         assert (web_row["PROFILE"], web_row["METRICS"]) == ("nginx", f"http://127.0.0.1:{web.port}/nginx_status")
         assert (llm_row["PROFILE"], llm_row["METRICS"]) == ("reference", f"http://127.0.0.1:{inference_port}/metrics")
         assert llm_row["NAME"].startswith("inference")
@@ -78,11 +81,11 @@ def test_discover_lists_each_with_its_profile_and_writes_a_config_that_loads(tmp
         names = [r["NAME"] for r in (lb_row, web_row, llm_row, redis_row)]
         wrote = discover("--pick", ",".join(names), "--write", str(written))
         assert wrote.returncode == 0, wrote.stderr
-        assert rows(wrote.stdout)[lb.port]["NAME"] == lb_row["NAME"]    # the same names on a second look
+        assert rows(wrote.stdout)[stats_port]["NAME"] == lb_row["NAME"]    # the same names on a second look
     cfg = config.load(written)
     by_port = {s.spec.port: s.spec for s in cfg.services}
-    assert set(by_port) == {lb.port, web.port, inference_port, redis_port}
-    assert by_port[lb.port].profile == "haproxy" and by_port[lb.port].metrics_url.endswith("/haproxy-metrics")
+    assert set(by_port) == {stats_port, web.port, inference_port, redis_port}
+    assert by_port[stats_port].profile == "haproxy" and by_port[stats_port].metrics_url == lb.metrics_url
     assert by_port[web.port].profile == "nginx"
     assert by_port[inference_port].latency_metric == "inference_request_duration_seconds"
     assert by_port[redis_port].metrics_url == ""

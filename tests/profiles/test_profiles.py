@@ -217,7 +217,7 @@ def get(url: str) -> int:
 
 @pytest.fixture
 def haproxy(tmp_path):
-    """Real HAProxy in front of a Backend, its exporter on /haproxy-metrics."""
+    """Real HAProxy in front of a Backend, its exporter on a frontend of its own."""
     if shutil.which("haproxy") is None:
         pytest.skip("haproxy is not installed (scripts/setup.sh installs it)")
     backend = Backend()
@@ -232,7 +232,7 @@ def haproxy(tmp_path):
 def test_haproxy_real_exporter(haproxy):
     front = f"http://127.0.0.1:{haproxy.port}"
     sent = lambda: [get(f"{front}/ok") for _ in range(7)] + [get(f"{front}/fail") for _ in range(2)]
-    s = one_interval("haproxy", f"{front}/haproxy-metrics", between=sent)
+    s = one_interval("haproxy", haproxy.metrics_url, between=sent)
     assert value(s.counters, "haproxy_requests_total") == 9
     assert value(s.counters, "haproxy_errors_total") == 2              # code="5xx" only
     assert value(s.gauges, "haproxy_inflight_requests") == 0           # all answered before the scrape
