@@ -130,14 +130,19 @@ def check_statuses(sample, answers: list[Answer], server: str, one_body_write: b
     assert not one_body_write or ("http_write_gap", "") not in sample.histograms
 
 
-def wait_listening(addr: str, port: int) -> None:
-    for _ in range(200):
+def wait_answering(try_once, what: str, seconds: float = 30) -> None:
+    """Until try_once() raises no OSError."""
+    deadline = time.monotonic() + seconds
+    while True:
         try:
-            socket.create_connection((addr, port), timeout=1).close()
-            return
+            return try_once()
         except OSError:
-            time.sleep(0.05)
-    raise AssertionError(f"nothing listens on port {port}")
+            assert time.monotonic() < deadline, f"{what} did not answer within {seconds} s"
+            time.sleep(0.1)
+
+
+def wait_listening(addr: str, port: int) -> None:
+    wait_answering(lambda: socket.create_connection((addr, port), timeout=1).close(), f"{addr}:{port}")
 
 
 def test_nginx_echo_chunks(kernel, started, tmp_path, private_host):
@@ -211,14 +216,7 @@ def test_reference_llm_server_against_its_load_generator(kernel, started, tmp_pa
     started(["ip", "netns", "exec", ns, sys.executable, "-m", "reference_stack", "inference", "--host", addr,
              "--port", port, "--run-dir", tmp_path, "--mode", "llm", "--device", "cpu"])
     url = f"http://{addr}:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            urllib.request.urlopen(url + "/healthz", timeout=1).close()
-            break
-        except OSError:
-            assert time.monotonic() < deadline, "the LLM server did not answer /healthz within 90 s"
-            time.sleep(0.2)
+    wait_answering(lambda: urllib.request.urlopen(url + "/healthz", timeout=1).close(), "the LLM server", 90)
     collector = kernel([ServiceSpec("llm", cmdline=f"reference_stack inference .*{tmp_path}")], ["http"])
     collected(collector)
     streams = run_llm_load(url + "/v1/completions", 1.0, 8.0, Lengths(300, 0, 300, "fixed"),
