@@ -166,6 +166,7 @@ http {{
         listen {addr}:{port};
         location = /stream {{ echo_sleep 0.11; {tokens} }}
         location = /ok {{ return 200 "ok\\n"; }}
+        location = /empty {{ return 204; }}
         location = /missing {{ return 404; }}
         location = /fail {{ return 500; }}
     }}
@@ -177,7 +178,7 @@ http {{
     collected(collector)
     answers = on_connections(addr, port, ["/stream"] * STREAMS_PER_CONNECTION)
     check_streams(collected(collector)["nginx"], answers, "nginx echo")
-    answers = on_connections(addr, port, ["/ok", "/missing", "/fail", "/missing"])
+    answers = on_connections(addr, port, ["/ok", "/empty", "/missing", "/fail", "/missing"])   # 204: headers only
     check_statuses(collected(collector)["nginx"], answers, "nginx")
 
 
