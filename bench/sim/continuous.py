@@ -48,10 +48,15 @@ class Result:
     ttft: np.ndarray         # per request, inf when it never got a first token
     tpot: np.ndarray         # per request: (finish - first token) / (output - 1); inf when unfinished
     preemptions: int
-    seqs_trace: list         # (time, max_num_seqs, max_num_batched_tokens) after each decision
 
     def good(self, server: Server) -> np.ndarray:
         return (self.ttft <= server.slo_ttft_s) & (self.tpot <= server.slo_tpot_s)
+
+
+def _window() -> dict:
+    """What one control window gathers of the steps: their count, running and waiting sums, the
+    largest KV share, preemptions, tokens per step, and the sum and count of inter-token gaps."""
+    return {"steps": 0, "running": 0.0, "waiting": 0.0, "kv": 0.0, "preempted": 0, "tokens": [], "gaps": 0.0, "gap_n": 0}
 
 
 def _p99(values: np.ndarray) -> float:
@@ -60,7 +65,7 @@ def _p99(values: np.ndarray) -> float:
 
 def run(policy, server: Server, work: Workload, settings: dict[str, float], rng: np.random.Generator,
         until_s: float) -> Result:
-    """Simulate up to until_s (arrivals after it never come; requests not done by then miss)."""
+    """Simulate up to until_s; a request not done by then misses both SLOs."""
     n = work.arrivals.size
     prompt, output = work.prompt.astype(np.int64), work.output.astype(np.int64)
     ctx = np.zeros(n, np.int64)          # tokens of the sequence in the KV cache
@@ -77,16 +82,14 @@ def run(policy, server: Server, work: Workload, settings: dict[str, float], rng:
     preempted = 0
     now, tick = 0.0, cb.INTERVAL_S
     noise_mean = float(np.exp(server.step.noise_sigma ** 2 / 2))
-    win = {"steps": 0, "running": 0.0, "waiting": 0.0, "kv": 0.0, "preempted": 0, "tokens": [], "gaps": 0.0, "gap_n": 0}
-    trace = [(0.0, seqs, tokens)]
+    win = _window()
     while now < until_s:
         while nxt < n and work.arrivals[nxt] <= now:
             waiting.append(nxt)
             nxt += 1
         if now >= tick:
             state, seqs, tokens = _decide(policy, state, server, win, now, first, finish, work, output, seqs, tokens)
-            trace.append((now, seqs, tokens))
-            win = {"steps": 0, "running": 0.0, "waiting": 0.0, "kv": 0.0, "preempted": 0, "tokens": [], "gaps": 0.0, "gap_n": 0}
+            win = _window()
             tick += cb.INTERVAL_S
         if not running and not waiting:
             now = min(work.arrivals[nxt] if nxt < n else until_s, tick)
@@ -148,7 +151,7 @@ def run(policy, server: Server, work: Workload, settings: dict[str, float], rng:
     ttft = first - work.arrivals
     with np.errstate(invalid="ignore"):      # unfinished: inf - inf
         tpot = np.where(np.isfinite(finish), (finish - first) / np.maximum(output - 1, 1), np.inf)
-    return Result(ttft, tpot, preempted, trace)
+    return Result(ttft, tpot, preempted)
 
 
 def _decide(policy, state, server: Server, win: dict, now: float, first, finish, work: Workload, output,
