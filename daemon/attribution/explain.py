@@ -436,7 +436,8 @@ class _Explainer:
         return exp
 
     def _warming(self, service: str, what: str, windows: list[Window]) -> Explanation:
-        have = sum(1 for w in windows if w.requests and w.end > self.now - self.horizon_s)
+        timed = (lambda w: getattr(w, what.lower())) if what else (lambda w: w.latency)
+        have = sum(1 for w in windows if (h := timed(w)) is not None and h.count and w.end > self.now - self.horizon_s)
         return Explanation(service, f"{service}{' ' + what if what else ''}: warming up: {have} window(s) with "
                                     f"requests, needs {MIN_BASELINE_SPANS} spans of {self.recent_s:g} s before "
                                     "the last one", what=what)

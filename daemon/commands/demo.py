@@ -10,6 +10,7 @@ HELP = "run the reference stack and the daemon through a load step past capacity
 EXAMPLES = """  slotune demo                                 # about 3.5 minutes; prints the report's path
   slotune demo --capacity 20 --run-dir /tmp/demo
   slotune demo --dry-run                       # the same, but the daemon pushes nothing
+  slotune demo --llm                           # LLM mode: a streaming load step, TTFT/TPOT SLOs (about 2.5 min)
   slotune demo --fleet 3                       # 3 hosts in namespaces, one slowed: SlotuneHostOutlier
 """
 
@@ -22,6 +23,10 @@ def add_arguments(parser) -> None:
                              "(default: measured at the start, 10 s of closed-loop clients)")
     parser.add_argument("--scale", type=float, default=1.0, help="stretch (>1) or shrink (<1) every load phase")
     parser.add_argument("--dry-run", action="store_true", help="the daemon decides and reports but pushes nothing")
+    parser.add_argument("--llm", action="store_true",
+                        help="the inference server in LLM mode: streaming completions step from the calm rate "
+                             "(--capacity, default 1 request/s) to 3x and back, judged on TTFT and TPOT SLOs, "
+                             "with the continuous_batch tuner (docs/llm_serving.md)")
     parser.add_argument("--fleet", type=int, metavar="N",
                         help="instead: N hosts (3 or more) as network namespaces with a stack and a daemon each, "
                              "one Prometheus; one host is slowed and raises SlotuneHostOutlier (docs/fleet.md)")
@@ -40,7 +45,7 @@ def run(args) -> int:
             return 1
     from daemon.demo import run as demo
     try:
-        path = demo.run(args.run_dir, args.capacity, args.scale, args.dry_run)
+        path = demo.run(args.run_dir, args.capacity, args.scale, args.dry_run, llm=args.llm)
     except RuntimeError as exc:
         print(f"slotune demo: {exc}", file=sys.stderr)
         return 1

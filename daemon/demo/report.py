@@ -1,6 +1,7 @@
 """The demo report: one self-contained HTML page with plots of P99 vs SLO over
-time, each tuned setting over time with its decisions marked, and the
-attribution shares, built from /status snapshots and the audit log."""
+time (and, for a service with token objectives, TTFT and TPOT P99 vs theirs
+with its goodput), each tuned setting over time with its decisions marked, and
+the attribution shares, built from /status snapshots and the audit log."""
 from __future__ import annotations
 
 import base64
@@ -45,6 +46,30 @@ def _latency_plot(name: str, snaps: list[dict], t0: float, phases: list[tuple[fl
     return _png(fig)
 
 
+def _tokens_plot(name: str, snaps: list[dict], t0: float) -> str | None:
+    """TTFT and TPOT P99 against their objectives, and goodput beside the answered rate."""
+    last = snaps[-1]["services"][name]
+    if not (last.get("slo_ttft_p99_s") or last.get("slo_tpot_p99_s")):
+        return None
+    ts = [s["t"] - t0 for s in snaps]
+    svc = [s["services"][name] for s in snaps]
+    fig, axes = plt.subplots(3, 1, figsize=(9, 6), sharex=True)
+    for ax, what in zip(axes, ("ttft", "tpot")):
+        ax.plot(ts, [x.get(f"{what}_p99_s") * 1e3 if x.get(f"{what}_p99_s") is not None else float("nan")
+                     for x in svc], color="tab:red", label=f"{what.upper()} P99")
+        if last.get(f"slo_{what}_p99_s"):
+            ax.axhline(last[f"slo_{what}_p99_s"] * 1e3, color="black", linestyle="--", label="SLO")
+        ax.set_ylabel("ms")
+        ax.legend(loc="upper left", fontsize=7)
+    axes[2].plot(ts, [x["rate_rps"] for x in svc], color="tab:gray", label="answered req/s")
+    axes[2].plot(ts, [x.get("goodput_rps", 0.0) for x in svc], color="tab:green", label="goodput (every SLO met)")
+    axes[2].set_ylabel("req/s")
+    axes[2].set_xlabel("seconds")
+    axes[2].legend(loc="upper left", fontsize=7)
+    axes[0].set_title(f"{name}: time to first token and per output token vs SLO, goodput")
+    return _png(fig)
+
+
 def _settings_plot(name: str, snaps: list[dict], decisions: list[dict], t0: float) -> str | None:
     settings = sorted({k for s in snaps for k in s["services"][name]["settings"]})
     if not settings:
@@ -64,8 +89,12 @@ def _settings_plot(name: str, snaps: list[dict], decisions: list[dict], t0: floa
     return _png(fig)
 
 
-def _attribution_plot(name: str, snaps: list[dict], t0: float) -> str | None:
-    rows = [(s["t"] - t0, (s["services"][name].get("attribution") or {}).get("shares") or {}) for s in snaps]
+def _attribution_plot(name: str, snaps: list[dict], t0: float, tokens: str = "") -> str | None:
+    """The shares of the latency's growth, or with tokens="ttft"/"tpot" of that one's."""
+    def explained(s):
+        a = s["services"][name].get("attribution") or {}
+        return (a.get("tokens") or {}).get(tokens) or {} if tokens else a
+    rows = [(s["t"] - t0, explained(s).get("shares") or {}) for s in snaps]
     causes = sorted({c for _, shares in rows for c in shares})
     if not causes:
         return None
@@ -74,7 +103,7 @@ def _attribution_plot(name: str, snaps: list[dict], t0: float) -> str | None:
                  labels=causes, alpha=0.8)
     ax.set_ylim(0, 1)
     ax.set_ylabel("share of the growth")
-    ax.set_title(f"{name}: attribution")
+    ax.set_title(f"{name}: attribution" + (f" of its {tokens.upper()}" if tokens else ""))
     ax.legend(loc="upper left", fontsize=7, ncol=3)
     return _png(fig)
 
@@ -92,10 +121,13 @@ def write(path: Path, snaps: list[dict], decisions: list[dict], phases: list[tup
     parts.append("</ul>")
     for name in snaps[-1]["services"]:
         parts.append(f"<h2>{html.escape(name)}</h2>")
-        for img in (_latency_plot(name, snaps, t0, phases), _settings_plot(name, snaps, decisions, t0),
-                    _attribution_plot(name, snaps, t0)):
+        for what, img in (("latency", _latency_plot(name, snaps, t0, phases)), ("tokens", _tokens_plot(name, snaps, t0)),
+                          ("settings", _settings_plot(name, snaps, decisions, t0)),
+                          ("attribution", _attribution_plot(name, snaps, t0)),
+                          ("TTFT attribution", _attribution_plot(name, snaps, t0, "ttft")),
+                          ("TPOT attribution", _attribution_plot(name, snaps, t0, "tpot"))):
             if img:
-                parts.append(f'<img alt="{html.escape(name)}" src="data:image/png;base64,{img}">')
+                parts.append(f'<img alt="{html.escape(name)} {what}" src="data:image/png;base64,{img}">')
     parts.append("<h2>Decisions</h2><table><tr><th>t (s)</th><th>service.setting</th><th>old → new</th>"
                  "<th>outcome</th><th>why</th></tr>")
     for d in decisions:

@@ -1,5 +1,5 @@
-"""`slotune demo` (what `make demo` runs), shortened: it must start everything,
-tune, write its report with the plots, and leave nothing running."""
+"""`slotune demo` (what `make demo` runs) and `slotune demo --llm`, shortened: each
+must start everything, tune, write its report with the plots, and leave nothing running."""
 import re
 import subprocess
 
@@ -16,6 +16,25 @@ def test_a_short_demo_writes_its_report_and_cleans_up(tmp_path, root_only):
     assert report.count("<img") >= 4                     # latency and settings plots for both services
     assert "gateway" in report and "inference" in report
     assert f"report: {run_dir / 'report.html'}" in result.stdout
+    leftover = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout
+    assert leftover == "", f"processes left running: {leftover}"
+
+
+def test_the_llm_demo_streams_a_load_step_judged_on_ttft_and_tpot(tmp_path, root_only):
+    run_dir = tmp_path / "llm-demo"
+    result = run_slotune("demo", "--llm", "--run-dir", str(run_dir), "--scale", "0.2", timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "/v1/completions: 1.0 req/s for 6 s, then 3.0 req/s for 12 s" in result.stdout
+    for phase in ("calm", "3x calm", "back to calm"):
+        assert re.search(rf"\n{phase}: offered [0-9.]+ req/s, completed [0-9.]+ req/s, goodput [0-9.]+ req/s "
+                         r"\(both SLOs met\), TTFT P99 \d+ ms \((under|OVER) its 500 ms SLO\), "
+                         r"TPOT P99 \d+ ms \((under|OVER) its 50 ms SLO\)", result.stdout), phase
+    config = (run_dir / "slotune.toml").read_text()
+    assert "slo_ttft_p99_ms = 500.0" in config and "slo_tpot_p99_ms = 50.0" in config
+    assert 'ttft_metric = "inference_time_to_first_token_seconds"' in config
+    assert "[services.inference.tuners.continuous_batch]" in config
+    report = (run_dir / "report.html").read_text()
+    assert '<img alt="inference tokens"' in report and '<img alt="inference settings"' in report
     leftover = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout
     assert leftover == "", f"processes left running: {leftover}"
 
