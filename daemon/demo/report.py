@@ -108,8 +108,36 @@ def _attribution_plot(name: str, snaps: list[dict], t0: float, tokens: str = "")
     return _png(fig)
 
 
+def _shares_plot(outcomes: list[tuple[float, str]], t0: float, phases: list[tuple[float, str]],
+                 bin_s: float = 5.0) -> str | None:
+    """The load generator's view: the share of the queries sent in each bin_s that were
+    refused (429) and that were answered degraded."""
+    if not outcomes:
+        return None
+    bins = [int((t - t0) // bin_s) for t, _ in outcomes]
+    first, last = min(bins), max(bins)
+    sent, refused, degraded = ([0] * (last - first + 1) for _ in range(3))
+    for b, (_, outcome) in zip(bins, outcomes):
+        sent[b - first] += 1
+        refused[b - first] += outcome == "rejected"
+        degraded[b - first] += outcome == "degraded"
+    ts = [(first + i + 0.5) * bin_s for i in range(len(sent))]
+    fig, ax = plt.subplots(figsize=(9, 2.5))
+    ax.plot(ts, [r / n if n else 0.0 for r, n in zip(refused, sent)], color="tab:red", label="refused (429)")
+    ax.plot(ts, [d / n if n else 0.0 for d, n in zip(degraded, sent)], color="tab:orange", label="degraded")
+    for t, label in phases:
+        ax.axvline(t - t0, color="tab:purple", alpha=0.3)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel(f"share of queries sent ({bin_s:.0f} s)")
+    ax.set_xlabel("seconds")
+    ax.set_title("gateway: refused and degraded shares (client side)")
+    ax.legend(loc="upper left", fontsize=7)
+    return _png(fig)
+
+
 def write(path: Path, snaps: list[dict], decisions: list[dict], phases: list[tuple[float, str]],
-          summary_lines: list[str]) -> Path:
+          summary_lines: list[str], outcomes: list[tuple[float, str]] = ()) -> Path:
+    """outcomes: (time sent, the load generator's outcome) of each query, for the shares plot."""
     if not snaps:
         raise ValueError("no status snapshots to report on: did the daemon answer /status?")
     t0 = snaps[0]["t"]
@@ -119,6 +147,9 @@ def write(path: Path, snaps: list[dict], decisions: list[dict], phases: list[tup
              "<h1>slotune demo report</h1><ul>"]
     parts += [f"<li>{html.escape(line)}</li>" for line in summary_lines]
     parts.append("</ul>")
+    shares = _shares_plot(list(outcomes), t0, phases)
+    if shares:
+        parts.append(f'<h2>Refused and degraded</h2><img alt="refused and degraded shares" src="data:image/png;base64,{shares}">')
     for name in snaps[-1]["services"]:
         parts.append(f"<h2>{html.escape(name)}</h2>")
         for what, img in (("latency", _latency_plot(name, snaps, t0, phases)), ("tokens", _tokens_plot(name, snaps, t0)),

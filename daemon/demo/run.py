@@ -108,10 +108,11 @@ def phase_lines(results, slo_s: float) -> list[str]:
     for phase, _, records in results:
         answered = np.array([r.latency_s for r in records if r.outcome in ("ok", "degraded")])
         rejected = sum(r.outcome == "rejected" for r in records)
+        degraded = sum(r.outcome == "degraded" for r in records)
         p99 = float(np.quantile(answered, 0.99)) if len(answered) else float("nan")
         verdict = "under" if p99 <= slo_s else "OVER"
         lines.append(f"{phase.label}: offered {phase.rate:.1f} req/s, answered {len(answered) / phase.seconds:.1f} req/s, "
-                     f"rejected {rejected}, client-side P99 {p99 * 1e3:.0f} ms ({verdict} the {slo_s * 1e3:.0f} ms SLO)")
+                     f"rejected {rejected}, degraded {degraded}, client-side P99 {p99 * 1e3:.0f} ms ({verdict} the {slo_s * 1e3:.0f} ms SLO)")
     return lines
 
 
@@ -191,7 +192,8 @@ def run(run_dir: Path, capacity: float | None, scale: float, dry_run: bool, show
             f"{len(decisions)} decisions: {pushed} pushed, {rolled} rolled back"
             + (" (dry-run: nothing pushed)" if dry_run else ""),
             f"config {config_path}, audit log {run_dir / 'audit.jsonl'}, daemon log {run_dir / 'daemon.log'}"]
-        path = report.write(run_dir / "report.html", snaps, decisions, marks, summary)
+        outcomes = [(start + r.t_s, r.outcome) for _, start, records in results for r in records]
+        path = report.write(run_dir / "report.html", snaps, decisions, marks, summary, outcomes)
         print("\n" + "\n".join(summary), flush=True)
         return path
     finally:
