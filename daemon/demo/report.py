@@ -36,9 +36,7 @@ def _latency_plot(name: str, snaps: list[dict], t0: float, phases: list[tuple[fl
     ax2 = ax.twinx()
     ax2.plot(ts, [x["rate_rps"] for x in svc], color="tab:gray", alpha=0.5, label="answered req/s")
     ax2.set_ylabel("req/s")
-    for t, label in phases:
-        ax.axvline(t - t0, color="tab:purple", alpha=0.3)
-        ax.text(t - t0, ax.get_ylim()[1] * 0.95, label, fontsize=7, color="tab:purple")
+    _mark_phases(ax, phases, t0)
     ax.set_ylabel("ms")
     ax.set_xlabel("seconds")
     ax.set_title(f"{name}: latency vs SLO")
@@ -46,7 +44,13 @@ def _latency_plot(name: str, snaps: list[dict], t0: float, phases: list[tuple[fl
     return _png(fig)
 
 
-def _tokens_plot(name: str, snaps: list[dict], t0: float) -> str | None:
+def _mark_phases(ax, phases: list[tuple[float, str]], t0: float) -> None:
+    for t, label in phases:
+        ax.axvline(t - t0, color="tab:purple", alpha=0.3)
+        ax.text(t - t0, ax.get_ylim()[1] * 0.95, label, fontsize=7, color="tab:purple")
+
+
+def _tokens_plot(name: str, snaps: list[dict], t0: float, phases: list[tuple[float, str]]) -> str | None:
     """TTFT and TPOT P99 against their objectives, and goodput beside the answered rate."""
     last = snaps[-1]["services"][name]
     if not (last.get("slo_ttft_p99_s") or last.get("slo_tpot_p99_s")):
@@ -61,6 +65,7 @@ def _tokens_plot(name: str, snaps: list[dict], t0: float) -> str | None:
             ax.axhline(last[f"slo_{what}_p99_s"] * 1e3, color="black", linestyle="--", label="SLO")
         ax.set_ylabel("ms")
         ax.legend(loc="upper left", fontsize=7)
+        _mark_phases(ax, phases, t0)
     axes[2].plot(ts, [x["rate_rps"] for x in svc], color="tab:gray", label="answered req/s")
     axes[2].plot(ts, [x.get("goodput_rps", 0.0) for x in svc], color="tab:green", label="goodput (every SLO met)")
     axes[2].set_ylabel("req/s")
@@ -152,7 +157,7 @@ def write(path: Path, snaps: list[dict], decisions: list[dict], phases: list[tup
         parts.append(f'<h2>Refused and degraded</h2><img alt="refused and degraded shares" src="data:image/png;base64,{shares}">')
     for name in snaps[-1]["services"]:
         parts.append(f"<h2>{html.escape(name)}</h2>")
-        for what, img in (("latency", _latency_plot(name, snaps, t0, phases)), ("tokens", _tokens_plot(name, snaps, t0)),
+        for what, img in (("latency", _latency_plot(name, snaps, t0, phases)), ("tokens", _tokens_plot(name, snaps, t0, phases)),
                           ("settings", _settings_plot(name, snaps, decisions, t0)),
                           ("attribution", _attribution_plot(name, snaps, t0)),
                           ("TTFT attribution", _attribution_plot(name, snaps, t0, "ttft")),

@@ -45,3 +45,19 @@ def test_the_report_counts_only_this_runs_decisions_when_the_run_dir_is_reused(t
     log.write_text('{"t": 100.0, "outcome": "pushed"}\n{"t": 200.0, "outcome": "rolled back"}\n\n'
                    '{"t": 300.0, "outcome": "pushed"}\n')
     assert this_runs_decisions(log, since=250.0) == [{"t": 300.0, "outcome": "pushed"}]
+
+
+def test_the_report_plots_ttft_and_tpot_only_for_a_service_that_declares_them(tmp_path):
+    from daemon.demo import report
+
+    def service(t, tokens):
+        row = {"p50_s": 1.0, "p99_s": 2.0, "slo_p99_s": 30.0, "rate_rps": 2.0, "goodput_rps": 1.0, "settings": {},
+               "attribution": {"shares": {}, "tokens": {"ttft": {"shares": {"queue": 0.7}}}} if tokens else None}
+        if tokens:
+            row.update(slo_ttft_p99_s=0.5, slo_tpot_p99_s=0.05, ttft_p99_s=0.1 * t, tpot_p99_s=None)
+        return row
+    snaps = [{"t": 100.0 + t, "services": {"inference": service(t, True), "gateway": service(t, False)}}
+             for t in range(8)]
+    page = report.write(tmp_path / "report.html", snaps, [], [(101.0, "calm")], ["one line"]).read_text()
+    assert re.findall(r'<img alt="([^"]+)"', page) == ["inference latency", "inference tokens",
+                                                       "inference TTFT attribution", "gateway latency"]
