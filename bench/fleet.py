@@ -1,7 +1,8 @@
-"""Many hosts on one machine: each "host" is a network namespace with its own reference stack
-(smallest model) and its own slotune daemon exporting on the namespace's address; one
-Prometheus in ours scrapes them all, each target labelled instance=hostN, with slotune's rules
-loaded. A steady trickle of requests goes to each host's inference server from inside its
+"""Many hosts on one machine, each a network namespace with its own stack and slotune daemon.
+
+Each "host" runs its own reference stack (smallest model) and daemon, exporting on the
+namespace's address; one Prometheus in ours scrapes them all, each target labelled
+instance=hostN, with slotune's rules loaded. A steady trickle of requests goes to each host's inference server from inside its
 namespace. The CPU fault throttles one host's inference server to a share of one CPU (a cgroup
 CPU quota: what a noisy neighbour or a CPU limit does to it). Used by tests/e2e/test_fleet.py
 and `slotune demo --fleet N`; by hand (as root):
@@ -346,17 +347,18 @@ def print_rows(fleet: Fleet) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.fleet", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.fleet", description=__doc__.splitlines()[0],
+                                 epilog="example (as root): python -m bench.fleet --hosts 3 --slow host2")
     sub = ap.add_subparsers(dest="command")
     st = sub.add_parser("stack", help="(inside a host's namespace) start its stack, print its state")
     st.add_argument("--run-dir", type=Path, required=True)
     ld = sub.add_parser("load", help="(inside a host's namespace) steady requests to its inference server")
     ld.add_argument("--url", required=True)
     ld.add_argument("--rate", type=float, default=4.0)
-    ap.add_argument("--hosts", type=int, default=3)
+    ap.add_argument("--hosts", type=int, default=3, help="how many hosts (default 3; the score needs 3)")
     ap.add_argument("--slow", help="the host to slow down with the CPU fault (e.g. host2)")
     ap.add_argument("--cpu-share", type=float, default=0.02, help="its inference server's share of one CPU")
-    ap.add_argument("--work", type=Path, default=Path("/tmp/slotune-fleet"))
+    ap.add_argument("--work", type=Path, default=Path("/tmp/slotune-fleet"), help="stacks, configs, logs")
     args = ap.parse_args(argv)
     if args.command == "stack":
         return start_stack(args.run_dir)
