@@ -28,6 +28,18 @@ def daemon_config(state: dict, exporter_port: int, work: Path, *, gateway_slo_ms
                                environment="test")
 
 
+def daemon_table(exporter_port: int, work: Path, probes: tuple[str, ...]) -> str:
+    """The [daemon] table of a test's own config: its files in work, only these probe families."""
+    return f"""[daemon]
+collect_interval_s = 1.0
+exporter_address = "127.0.0.1:{exporter_port}"
+baseline_store = "{work}/baselines.sqlite"
+audit_log = "{work}/audit.jsonl"
+environment = "test"
+probes = {json.dumps(list(probes))}
+"""
+
+
 @dataclass
 class RunningDaemon:
     proc: subprocess.Popen

@@ -17,6 +17,7 @@ import pytest
 from daemon.control.actuators import ActuatorError
 from daemon.control.actuators.nginx import NginxActuator
 from tests.actuators.real_servers import nginx
+from tests.e2e.conftest import daemon_table
 
 DELAY_S, START_LIMIT, RPS, SECONDS = 0.2, 2, 12.0, 16.0   # 2.4 wanted in flight: the limit binds
 INCLUDE = f"# written by slotune's nginx actuator; one line per setting\nlimit_conn perserver {START_LIMIT};\n"
@@ -24,14 +25,7 @@ TARGETS = {"concurrency_limit": "limit_conn perserver {}"}
 
 
 def _config(port: int, work, ng) -> str:
-    return f"""[daemon]
-collect_interval_s = 1.0
-exporter_address = "127.0.0.1:{port}"
-baseline_store = "{work}/baselines.sqlite"
-audit_log = "{work}/audit.jsonl"
-environment = "test"
-probes = ["http"]
-
+    return daemon_table(port, work, ("http",)) + f"""
 [services.web]
 user = "nobody"        # nginx's workers; a port finder loses them at a reload (see docs/actuators.md)
 cmdline = "^nginx: worker process"
