@@ -20,7 +20,9 @@ old step).
 - TPOT over its target: the step is too long, so shrink it by the overshoot (at most by
   half): the sequences (from the running count) and the token budget (from the steps'
   P99 tokens) by the same factor, which shrinks a + b*tokens + c*seqs by about that factor
-  whichever term dominates.
+  whichever term dominates; but when the steps are mostly prefill (a few decodes beside a
+  document's chunks) the width did not make them long, and only the token budget is cut:
+  capping the few running sequences would only queue the rest.
 - TTFT P99 over its target with TPOT under its own: spend the TPOT headroom, by the share
   that keeps TPOT within its target (a step's time grows at most in proportion to its
   width), on what TTFT waits for: seqs when sequences queue for a slot, tokens when the
@@ -116,6 +118,10 @@ LIFE = 0.5          # weight of the newest window in the gap average (a request 
 MAX_GROWTH = 1.5     # largest rise per decision (the TPOT it costs shows only a window later)
 MIN_CUT = 0.5        # largest cut per decision
 KV_FULL = 0.95       # KV cache share above which more sequences would not fit
+# tokens per running sequence past which the prefill chunks, not the batch's width, make a step
+# long: a decode costs b + c, about 4.7 prefill tokens on the reference decoder's fit, so past
+# 2 + c/b = 5.7 tokens per sequence the chunks take most of the step's time
+PREFILL_BOUND = 6.0
 TOKEN_FLOOR = 2.0    # the token budget's floor, per running sequence: as many prefill tokens as decodes
 SLOT_BOUND = 0.9     # running at this share of max_num_seqs with a queue: sequences wait for a slot
 TOKEN_BOUND = 0.9    # steps at this share of max_num_batched_tokens: prefill waits for the budget
@@ -143,8 +149,12 @@ def _slotune_decide(state: State, obs: Observation):
         return _move(state, seqs, tokens, f"{figures}; {why}", obs.now)
     if tpot > 1:   # a step takes about a + b*tokens + c*seqs: shrinking both by `cut` shrinks it by about that
         cut = max(MIN_CUT, 1 / tpot)
-        seqs, tokens = min(seqs, running * cut), min(tokens, max(obs.step_tokens_p99, running) * cut)
-        why = f"TPOT over target: the step's sequences and tokens x{cut:.2f}"
+        if obs.step_tokens > PREFILL_BOUND * running:   # the chunks made the step long, not the width
+            tokens = max(TOKEN_FLOOR * running, min(tokens, obs.step_tokens_p99) * cut)
+            why = f"TPOT over target, the steps mostly prefill: token budget to {tokens:.0f}"
+        else:
+            seqs, tokens = min(seqs, running * cut), min(tokens, max(obs.step_tokens_p99, running) * cut)
+            why = f"TPOT over target: the step's sequences and tokens x{cut:.2f}"
         return _move(state, seqs, tokens, f"{figures}; {why}", obs.now)
     if ttft > 1:
         grow = min(MAX_GROWTH, 1 / max(tpot, 1e-9))

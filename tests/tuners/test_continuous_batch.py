@@ -194,3 +194,8 @@ def test_the_config_wants_both_token_slos_for_this_tuner(tmp_path):
     path.write_text(table.format(tpot="slo_tpot_p99_ms = 25\n"))
     [tuner] = config.load(path).service("llm").tuners
     assert (tuner.name, tuner.policy) == ("continuous_batch", "slotune")
+
+
+def test_tpot_over_from_prefill_chunks_cuts_only_the_token_budget():
+    _, d = decide(obs(itl=2 * TPOT_TARGET, running=8.0, tokens=900.0, tokens_p99=2048.0), {cb.SEQS: 256.0, cb.TOKENS: 2048.0})
+    assert d.changes == {cb.TOKENS: 1024.0} and "mostly prefill" in d.reason
