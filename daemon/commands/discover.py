@@ -23,6 +23,7 @@ NAME = "discover"
 HELP = "list this host's listening services, what slotune recognises of each, and write a starter config"
 EXAMPLES = """  slotune discover                               # the table, then a starter config for what it recognised
   slotune discover --pick vllm,haproxy --write /etc/slotune/slotune.toml
+  slotune discover --pick 8000,8404 --write slotune.toml   # by port
   slotune discover --timeout 0.5 --no-probe       # names and ports only: nothing is sent to any port
 """
 PROBE_PATHS = ("/metrics", "/stats/prometheus", "/stub_status", "/nginx_status", "/basic_status")
@@ -53,8 +54,8 @@ class Listener:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--pick", default="", help="comma-separated names from the table to write a config for "
-                                                   "(default: every service slotune recognised)")
+    parser.add_argument("--pick", default="", help="comma-separated names or ports from the table to write a "
+                                                   "config for (default: every service slotune recognised)")
     parser.add_argument("--write", metavar="FILE", help="write the starter config there (refused if it exists), "
                                                         "instead of printing it")
     parser.add_argument("--timeout", type=float, default=0.5, help="seconds per probe of a port (default 0.5)")
@@ -142,13 +143,20 @@ def _series(text: str, profile: profiles.Profile) -> list[tuple[str, dict]]:
 
 
 def name_them(found: list[Listener]) -> None:
-    """Each a service name in the users' words: its profile, else its process; -2, -3 when taken."""
-    taken: dict[str, int] = {}
-    for listener in found:
-        said = listener.called or listener.profile or NOT_HTTP.get(listener.process, listener.process)
-        base = re.sub(r"[^a-z0-9_-]+", "-", said.lower()) or "svc"
-        taken[base] = taken.get(base, 0) + 1
-        listener.name = base if taken[base] == 1 else f"{base}-{taken[base]}"
+    """Each a service name in the users' words: what its metrics call it, its profile, else its
+    process; with its port (and network namespace) after it when another has the same."""
+    bases = [re.sub(r"[^a-z0-9_-]+", "-", (s.called or s.profile or NOT_HTTP.get(s.process, s.process)).lower())
+             or "svc" for s in found]
+    ports = {}
+    for s, base in zip(found, bases):
+        ports.setdefault((base, s.port), []).append(s)
+    for s, base in zip(found, bases):
+        if bases.count(base) == 1:
+            s.name = base
+        elif len(ports[(base, s.port)]) == 1:
+            s.name = f"{base}-{s.port}"
+        else:
+            s.name = f"{base}-{s.port}-{s.netns}"
 
 
 def table(found: list[Listener]) -> str:
@@ -220,23 +228,25 @@ def _filled(target: str, s: Listener) -> str:
 
 
 def run(args) -> int:
-    found = listeners()
-    if not args.no_probe:
-        for listener in found:
-            if listener.netns == netns_of(os.getpid()) and listener.process not in NOT_HTTP:
-                probe(listener, args.timeout, (*args.metrics_path, *PROBE_PATHS))
-            elif listener.profile == "" and (by_name := by_process(listener)) is not None:
-                listener.profile = by_name.name
+    found, own = listeners(), netns_of(os.getpid())
+    for listener in found:
+        if not args.no_probe and listener.netns == own and listener.process not in NOT_HTTP:
+            probe(listener, args.timeout, (*args.metrics_path, *PROBE_PATHS))
+        elif (by_name := by_process(listener)) is not None:
+            listener.profile = by_name.name
     name_them(found)
     print(table(found))
     wanted = [n for n in args.pick.split(",") if n]
-    unknown = [n for n in wanted if n not in {s.name for s in found}]
+    chosen = {n: [s for s in found if n == s.name or n == str(s.port) and s.netns == own] for n in wanted}
+    unknown = [n for n, got in chosen.items() if len(got) != 1]
     if unknown:
-        print(f"--pick {','.join(unknown)}: not in the table above; pick from its NAME column", file=sys.stderr)
+        print(f"--pick {','.join(unknown)}: not one row of the table above; pick from its NAME column, or "
+              "a PORT of this namespace", file=sys.stderr)
         return 2
-    picked = [s for s in found if s.name in wanted] if wanted else [s for s in found if s.profile]
+    picked = [s for s in found if any(s in got for got in chosen.values())] if wanted else \
+        [s for s in found if s.profile]
     if not picked:
-        print("\nnothing recognised to write a config for: pick services by name with --pick", file=sys.stderr)
+        print("\nnothing recognised to write a config for: pick services by name or port with --pick", file=sys.stderr)
         return 1
     text = starter(picked)
     if not args.write:
