@@ -34,6 +34,9 @@ def test_the_include_file_must_hold_each_setting_once_and_be_a_file(tmp_path):
                                                 "concurrency_limit; it needs exactly one"):
             a.push({"concurrency_limit": 4.0})
         assert include.read_text() == text
+    include.write_bytes(b"limit_conn perserver 2; # \xff\n")
+    with pytest.raises(ActuatorError, match="is not UTF-8 text"):
+        a.push({"concurrency_limit": 4.0})
     include.write_text("limit_conn perserver 2;\n")
     with pytest.raises(ActuatorError, match="setting batch has no nginx directive"):
         a.push({"batch": 4.0})

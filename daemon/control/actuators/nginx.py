@@ -44,12 +44,18 @@ class NginxActuator:
         self.lines = {s: re.compile(r"^(\s*" + re.escape(t.split("{}")[0]) + ")" + NUMBER + "(" +
                                     re.escape(t.split("{}")[1]) + r"\s*;)", re.M) for s, t in targets.items()}
 
-    def _read(self) -> tuple[bytes, os.stat_result]:
+    def _read(self) -> tuple[bytes, str, os.stat_result]:
+        """The include file's bytes, as text, and its status."""
         try:
-            return read_regular(self.path, "nginx include file", INCLUDE_MAX_BYTES)
+            data, st = read_regular(self.path, "nginx include file", INCLUDE_MAX_BYTES)
         except FileNotFoundError:
             raise ActuatorError(f"nginx include file {self.path} does not exist: write it with a line per setting "
                                 f"({self._example()}) and include it from {self.conf}", unreachable=False) from None
+        try:
+            return data, data.decode("utf-8"), st
+        except UnicodeDecodeError as exc:
+            raise ActuatorError(f"nginx include file {self.path} is not UTF-8 text (byte {exc.start})",
+                                unreachable=False) from None
 
     def _values(self, text: str) -> dict[str, float]:
         out = {}
@@ -63,15 +69,14 @@ class NginxActuator:
         return out
 
     def current(self) -> dict[str, float]:
-        return self._values(self._read()[0].decode("utf-8", errors="replace"))
+        return self._values(self._read()[1])
 
     def push(self, changes: dict[str, float]) -> None:
         unknown = [s for s in changes if s not in self.targets]
         if unknown:
             raise ActuatorError(f"setting {unknown[0]} has no nginx directive: add it to [control.targets] "
                                 f"({self._example()}); nothing was written", unreachable=False)
-        old, st = self._read()
-        text = old.decode("utf-8", errors="strict")
+        old, text, st = self._read()
         self._values(text)        # every setting's line is there, once
         for setting, value in changes.items():
             if value < 0:
