@@ -17,7 +17,7 @@ import re
 from urllib.parse import quote
 
 from daemon.config import Control
-from daemon.control.actuators import ActuatorError, verified
+from daemon.control.actuators import ActuatorError, numeric_settings, verified
 from daemon.control.actuators.http_json import call_json
 
 PATH = re.compile(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*")
@@ -57,7 +57,7 @@ class TritonActuator:
         return self.targets.get(setting, setting).split(".")
 
     def _values(self, config: dict) -> dict[str, float]:
-        out = {k: float(v) for k, v in config.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        out = numeric_settings(config, f"GET {self.config_url}")
         for setting in self.targets:
             value = _get(config, self._field(setting))
             if value is not None:
@@ -93,7 +93,9 @@ def _get(config: dict, path: list[str]) -> float | None:
         config = config[key]
     if isinstance(config, str) and re.fullmatch(r"[0-9]{1,19}", config):
         return float(config)
-    return float(config) if isinstance(config, (int, float)) and not isinstance(config, bool) else None
+    if isinstance(config, bool) or not isinstance(config, (int, float)):
+        return None
+    return numeric_settings({path[-1]: config}, "Triton's model config")[path[-1]]
 
 
 def _set(config: dict, path: list[str], value: int) -> None:
