@@ -125,7 +125,7 @@ def llm_phase_lines(results) -> list[str]:
         judged = ", ".join(f"{what} P99 {s[key] * 1e3:.0f} ms ({'under' if s[key] <= slo else 'OVER'} its "
                            f"{slo * 1e3:.0f} ms SLO)" for what, key, slo in
                            (("TTFT", "ttft_p99_s", ttft_s), ("TPOT", "tpot_p99_s", tpot_s)))
-        lines.append(f"{phase.label}: offered {phase.rate:.1f} req/s, completed {s['completed_rps']:.1f} req/s, "
+        lines.append(f"{phase.label}: offered {s['offered_rps']:.1f} req/s, completed {s['completed_rps']:.1f} req/s, "
                      f"goodput {s['goodput_rps']:.1f} req/s (both SLOs met), {judged}")
     return lines
 
@@ -192,7 +192,7 @@ def run(run_dir: Path, capacity: float | None, scale: float, dry_run: bool, show
             f"{len(decisions)} decisions: {pushed} pushed, {rolled} rolled back"
             + (" (dry-run: nothing pushed)" if dry_run else ""),
             f"config {config_path}, audit log {run_dir / 'audit.jsonl'}, daemon log {run_dir / 'daemon.log'}"]
-        outcomes = [(start + r.t_s, r.outcome) for _, start, records in results for r in records]
+        outcomes = [] if llm else [(start + r.t_s, r.outcome) for _, start, records in results for r in records]
         path = report.write(run_dir / "report.html", snaps, decisions, marks, summary, outcomes)
         print("\n" + "\n".join(summary), flush=True)
         return path

@@ -61,3 +61,14 @@ def test_the_report_plots_ttft_and_tpot_only_for_a_service_that_declares_them(tm
     page = report.write(tmp_path / "report.html", snaps, [], [(101.0, "calm")], ["one line"]).read_text()
     assert re.findall(r'<img alt="([^"]+)"', page) == ["inference latency", "inference tokens",
                                                        "inference TTFT attribution", "gateway latency"]
+
+
+def test_an_llm_phase_line_judges_the_clients_ttft_and_tpot_and_counts_goodput():
+    from daemon.demo.run import Phase, llm_phase_lines
+    from reference_stack.llm.load import LlmRecord
+    good = LlmRecord(0.1, 0.0, 0.2, 0.28, 200, 10, 5, 5, [0.02] * 4)     # TTFT 200 ms, TPOT 20 ms
+    slow = LlmRecord(0.5, 0.0, 0.9, 1.7, 200, 10, 5, 5, [0.2] * 4)       # TTFT 900 ms, TPOT 200 ms
+    failed = LlmRecord(1.0, 0.0, float("nan"), float("nan"), 404, 10, 5, 0, error="model")
+    [line] = llm_phase_lines([(Phase("calm", 1.0, 2.0), 0.0, [good, slow, failed])])
+    assert line.startswith("calm: offered 1.5 req/s, completed 1.0 req/s, goodput 0.5 req/s (both SLOs met)")
+    assert "TTFT P99 893 ms (OVER its 500 ms SLO)" in line and "TPOT P99 198 ms (OVER its 50 ms SLO)" in line
