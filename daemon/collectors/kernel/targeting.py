@@ -271,7 +271,8 @@ class Targeting:
         self.services = list(services)
         self.seen: dict[int, tuple[tuple[str, int], frozenset[str]]] = {}
         self.listen_inodes: frozenset[int] | None = None   # listening sockets at the last scan
-        self.listeners: dict[int, set[int]] = {}            # port -> pids, while they stay the same
+        self.port_inodes: frozenset[int] | None = None     # listening on the declared ports, at the last read
+        self.listeners: dict[int, set[int]] = {}            # declared port -> pids, while they stay the same
         self.pid_ports: dict[int, tuple[int | None, set[int]]] = {}   # pid -> (netns, its listening ports), likewise
         self.other_netns: dict[int, int] = {}               # netns -> one service pid in it, not our own
 
@@ -328,7 +329,14 @@ class Targeting:
         inodes = listening_sockets(tables)
         fresh = inodes != self.listen_inodes   # who listens where is read again only when it changed
         if fresh:
-            self.listen_inodes, self.listeners, self.pid_ports = inodes, self.port_listeners(), {}
+            self.listen_inodes, self.pid_ports = inodes, {}
+        # Which processes hold the declared ports takes every process's fds (psutil): read
+        # only when the sockets listening on those ports change, not on every listen of the host.
+        declared = {s.port for s in self.services if s.port}
+        port_inodes = frozenset(inode for inode, port in tables[own].items() if port in declared)
+        relisten = port_inodes != self.port_inodes
+        if relisten:
+            self.port_inodes, self.listeners = port_inodes, self.port_listeners()
         listeners = self.listeners
         alive = {}
         spent: dict[str, float] = {}   # service -> seconds its matches took this scan
@@ -344,7 +352,7 @@ class Targeting:
                 continue
             cached = self.seen.get(pid)
             known = cached is not None and cached[0] == ident
-            if known and not (fresh and listeners):
+            if known and not (relisten and listeners):
                 names = cached[1]
             elif sum(spent.values()) > self.scan_budget_s:
                 # Out of time: known processes keep their services, new ones stay out of
@@ -360,8 +368,8 @@ class Targeting:
                 found[name].tgids.add(pid)
         self.seen = alive
         if sum(spent.values()) > self.scan_budget_s:
-            if fresh:
-                self.listen_inodes = None    # port matches were cut short: redo them next scan
+            if relisten:
+                self.port_inodes = None      # port matches were cut short: redo them next scan
             self._warn_over_budget(spent, waiting)
         for procs in found.values():
             for pid in procs.tgids:
