@@ -117,7 +117,7 @@ def _burst(port: int, n: int) -> list[int]:
 
 
 def test_nginx_enforces_the_pushed_limit_and_a_rejected_include_is_put_back_byte_for_byte(tmp_path):
-    with nginx(tmp_path / "nginx", INCLUDE, delay_s=1.0) as ng:
+    with nginx(tmp_path / "nginx", INCLUDE, delay_s=3.0) as ng:    # long enough for a whole burst to be open
         a = NginxActuator(str(ng.include), str(ng.conf), TARGETS, pid_file=str(ng.pid_file))
         old = ng.workers()
         a.push({"concurrency_limit": 3.0})
