@@ -119,3 +119,10 @@ def test_slotune_status_prints_what_moved_ttft_and_tpot():
     head = lines.index("token attribution (TTFT, TPOT):")
     assert "inference TTFT P99 +180" in lines[head + 1] and "queue (waiting 14 → 52)" in lines[head + 1]
     assert lines[head + 2].startswith("  inference TPOT")
+
+
+def test_no_first_token_lately_is_said_with_the_waiting_line_not_as_warming_up():
+    ws = [llm_window(t) for t in range(20)]
+    ws += [llm_window(20 + i, waiting=47.0, first_tokens=0) for i in range(3)]
+    e = explain("inference", {"inference": ws}, recent_s=2.0)
+    assert e.tokens["ttft"].verdict == "inference TTFT: no request timed in the last 2 s (47 waiting)"

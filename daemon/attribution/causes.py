@@ -176,15 +176,20 @@ def _step(span: Window) -> tuple[float, float, float] | None:
     return step_s, per_step, min(width, per_step)
 
 
+def waiting(span: Window) -> float | None:
+    """Sequences waiting for a place in the running batch (the gauges' mean over the span)."""
+    return _family(span, "_num_requests_waiting", "gauges")
+
+
 def queue(span: Window) -> Reading | None:
     """Waiting sequences as the mean wait they mean (Little's law: waiting / the
     rate at which requests leave the queue, one first token each)."""
-    waiting = _family(span, "_num_requests_waiting", "gauges")
-    if waiting is None or span.ttft is None:
+    waiting_now = waiting(span)
+    if waiting_now is None or span.ttft is None:
         return None
     rate = span.ttft.count / span.seconds
-    return Reading(waiting / rate if rate else 0.0, "sequences waiting for a place in the batch", waiting, "1",
-                   "waiting")
+    return Reading(waiting_now / rate if rate else 0.0, "sequences waiting for a place in the batch", waiting_now,
+                   "1", "waiting")
 
 
 def prefill(span: Window) -> Reading | None:

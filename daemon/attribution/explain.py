@@ -436,11 +436,17 @@ class _Explainer:
         return exp
 
     def _warming(self, service: str, what: str, windows: list[Window]) -> Explanation:
-        timed = (lambda w: getattr(w, what.lower())) if what else (lambda w: w.latency)
-        have = sum(1 for w in windows if (h := timed(w)) is not None and h.count and w.end > self.now - self.horizon_s)
-        return Explanation(service, f"{service}{' ' + what if what else ''}: warming up: {have} window(s) with "
-                                    f"requests, needs {MIN_BASELINE_SPANS} spans of {self.recent_s:g} s before "
-                                    "the last one", what=what)
+        """No explanation yet: too few windows with requests, or none lately (a server whose
+        running batch admits nobody gives no first token however many wait)."""
+        name = f"{service}{' ' + what if what else ''}"
+        timed = [w for w in windows if (h := getattr(w, what.lower()) if what else w.latency) is not None and h.count
+                 and w.end > self.now - self.horizon_s]
+        if timed and timed[-1].end <= self.now - self.recent_s and len(timed) > MIN_BASELINE_SPANS:
+            queued = causes.waiting(windows[-1])
+            return Explanation(service, f"{name}: no request timed in the last {self.recent_s:g} s"
+                                        + (f" ({queued:.0f} waiting)" if queued else ""), what=what)
+        return Explanation(service, f"{name}: warming up: {len(timed)} window(s) with requests, needs "
+                                    f"{MIN_BASELINE_SPANS} spans of {self.recent_s:g} s before the last one", what=what)
 
     def _attribute(self, service: str, what: str, split: _Split, below: dict[str, Explanation]) -> Explanation:
         """Shares of what moved (request latency, or what = TTFT / TPOT) among the causes' rises."""
