@@ -126,7 +126,7 @@ def llm_phase_lines(results) -> list[str]:
                            f"{slo * 1e3:.0f} ms SLO)" for what, key, slo in
                            (("TTFT", "ttft_p99_s", ttft_s), ("TPOT", "tpot_p99_s", tpot_s)))
         lines.append(f"{phase.label}: offered {s['offered_rps']:.1f} req/s, completed {s['completed_rps']:.1f} req/s, "
-                     f"goodput {s['goodput_rps']:.1f} req/s (both SLOs met), {judged}")
+                     f"goodput {s['goodput_rps']:.1f} req/s (requests meeting both SLOs), {judged}")
     return lines
 
 

@@ -27,7 +27,7 @@ def test_the_llm_demo_streams_a_load_step_judged_on_ttft_and_tpot(tmp_path, root
     assert "/v1/completions: 1.0 req/s for 6 s, then 3.0 req/s for 12 s" in result.stdout
     for phase in ("calm", "3x calm", "back to calm"):
         assert re.search(rf"\n{phase}: offered [0-9.]+ req/s, completed [0-9.]+ req/s, goodput [0-9.]+ req/s "
-                         r"\(both SLOs met\), TTFT P99 \d+ ms \((under|OVER) its 500 ms SLO\), "
+                         r"\(requests meeting both SLOs\), TTFT P99 \d+ ms \((under|OVER) its 500 ms SLO\), "
                          r"TPOT P99 \d+ ms \((under|OVER) its 50 ms SLO\)", result.stdout), phase
     config = (run_dir / "slotune.toml").read_text()
     assert "slo_ttft_p99_ms = 500.0" in config and "slo_tpot_p99_ms = 50.0" in config
@@ -70,5 +70,5 @@ def test_an_llm_phase_line_judges_the_clients_ttft_and_tpot_and_counts_goodput()
     slow = LlmRecord(0.5, 0.0, 0.9, 1.7, 200, 10, 5, 5, [0.2] * 4)       # TTFT 900 ms, TPOT 200 ms
     failed = LlmRecord(1.0, 0.0, float("nan"), float("nan"), 404, 10, 5, 0, error="model")
     [line] = llm_phase_lines([(Phase("calm", 1.0, 2.0), 0.0, [good, slow, failed])])
-    assert line.startswith("calm: offered 1.5 req/s, completed 1.0 req/s, goodput 0.5 req/s (both SLOs met)")
+    assert line.startswith("calm: offered 1.5 req/s, completed 1.0 req/s, goodput 0.5 req/s (requests meeting both SLOs)")
     assert "TTFT P99 893 ms (OVER its 500 ms SLO)" in line and "TPOT P99 198 ms (OVER its 50 ms SLO)" in line
