@@ -9,8 +9,11 @@ setup:
 test: setup
 	$(PY) -m pytest -ra
 
+# The agent stack under a load step, then the inference server in LLM mode under a
+# streaming one (continuous batching, TTFT/TPOT SLOs): about 3 + 3 minutes.
 demo: setup
 	$(VENV)/bin/slotune demo
+	$(VENV)/bin/slotune demo --llm
 
 bench: setup
 	$(PY) -m bench

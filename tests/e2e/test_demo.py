@@ -1,4 +1,4 @@
-"""`slotune demo` (what `make demo` runs) and `slotune demo --llm`, shortened: each
+"""`slotune demo` and `slotune demo --llm` (what `make demo` runs, one after the other), shortened: each
 must start everything, tune, write its report with the plots, and leave nothing running."""
 import re
 import subprocess
