@@ -3,8 +3,43 @@ where the kernel allows it, and writes of only what differs."""
 from __future__ import annotations
 
 import ctypes
+import errno
+
+import numpy as np
 
 U32, U16 = ctypes.c_uint32, ctypes.c_uint16
+
+
+def arrays(table) -> tuple[np.ndarray, np.ndarray]:
+    """All entries of a hash map as two numpy arrays (keys structured by the key's
+    fields, values), read in batch calls into buffers kept per map: no Python
+    object per entry, nothing allocated per interval. Falls back to items()."""
+    from bcc.libbcc import lib
+    buffers = getattr(table, "slotune_buffers", None)   # kept on the table: lives and dies with its map
+    if buffers is None:
+        buffers = table.slotune_buffers = ((table.Key * table.max_entries)(), (table.Leaf * table.max_entries)())
+    keys, values = buffers
+    batch, count, total = ctypes.c_uint32(0), ctypes.c_uint32(0), 0
+    while total < table.max_entries:
+        count.value = table.max_entries - total
+        res = lib.bpf_lookup_batch(table.map_fd, ctypes.byref(batch) if total else None, ctypes.byref(batch),
+                                   ctypes.byref(keys, ctypes.sizeof(table.Key) * total),
+                                   ctypes.byref(values, ctypes.sizeof(table.Leaf) * total), ctypes.byref(count))
+        err = ctypes.get_errno()
+        total += count.value
+        if res != 0:
+            if err != errno.ENOENT:
+                return _from_items(table)
+            break
+    return (np.frombuffer(keys, dtype=np.dtype(table.Key), count=total).copy(),
+            np.frombuffer(values, dtype=np.dtype(table.Leaf), count=total).copy())
+
+
+def _from_items(table) -> tuple[np.ndarray, np.ndarray]:
+    pairs = list(table.items())
+    key_type = np.dtype(table.Key)
+    keys = np.array([tuple(getattr(k, f) for f, _ in k._fields_) for k, _ in pairs], dtype=key_type)
+    return keys, np.array([_plain(v) for _, v in pairs], dtype=np.dtype(table.Leaf))
 
 
 def items(table) -> list:

@@ -14,7 +14,7 @@ import numpy as np
 import bpf as bpf_sources
 from daemon.collectors.kernel.families import SIGNAL_IDS
 from daemon.collectors.kernel.family import Attachment, Family
-from daemon.collectors.kernel.maps import items
+from daemon.collectors.kernel.maps import arrays
 from daemon.model.histogram import SLOTS, SUB, SUB_BITS
 
 log = logging.getLogger(__name__)
@@ -128,20 +128,25 @@ class Program:
 
     def histograms(self) -> tuple[dict, dict]:
         """Cumulative (hist counts, sums ns), each keyed (service, signal, label)."""
-        hists: dict[tuple[int, int, int], np.ndarray] = {}
-        for k, v in items(self.bpf["hists"]):
-            key = (k.service, k.signal, k.label)
-            arr = hists.get(key)
-            if arr is None:
-                arr = hists[key] = np.zeros(SLOTS, dtype=np.int64)
-            if k.slot < SLOTS:
-                arr[k.slot] += v
-        sums = {(k.service, k.signal, k.label): v for k, v in items(self.bpf["sums"])}
-        return hists, sums
+        keys, values = arrays(self.bpf["hists"])
+        inside = keys["slot"] < SLOTS
+        keys, values = keys[inside], values[inside].astype(np.int64)
+        series = (keys["service"].astype(np.int64) << 32) | (keys["signal"].astype(np.int64) << 16) | keys["label"]
+        ids, row = np.unique(series, return_inverse=True)
+        counts = np.zeros((len(ids), SLOTS), dtype=np.int64)
+        np.add.at(counts, (row, keys["slot"].astype(np.int64)), values)
+        hists = {(int(i) >> 32, (int(i) >> 16) & 0xFFFF, int(i) & 0xFFFF): counts[n] for n, i in enumerate(ids)}
+        return hists, self._by_series("sums")
 
     def counters(self) -> dict:
         """Cumulative counters keyed (service, signal, label)."""
-        return {(k.service, k.signal, k.label): v for k, v in items(self.bpf["counts"])}
+        return self._by_series("counts")
+
+    def _by_series(self, name: str) -> dict:
+        """A map keyed (service, signal, label) as a dict of ints."""
+        keys, values = arrays(self.bpf[name])
+        series = zip(keys["service"].tolist(), keys["signal"].tolist(), keys["label"].tolist())
+        return dict(zip(series, values.tolist()))
 
     def map_full(self) -> dict[str, int]:
         """Inserts the kernel side refused so far, per map name (bpf/common.h map_full)."""
