@@ -115,12 +115,13 @@ def added_cell(added: float, noise: float) -> str:
 
 
 def ratio_line(syscall: str, added: dict, noise: float) -> str:
-    """How the families' added cost compares with empty programs', or why it cannot be said."""
+    """How the families' added cost compares with empty programs', or why it cannot be said
+    (either figure within twice the spread of the no-probe runs)."""
     parts = []
     for label, ref in (("empty programs on the same attach points", "empty, same attach points as all"),
                        ("one empty sys_enter program", "empty, 1 tracepoint (sys_enter)")):
         mine, theirs = added[("all families", syscall)], added[(ref, syscall)]
-        if theirs <= noise or abs(mine) <= noise:
+        if theirs <= 2 * noise or abs(mine) <= 2 * noise:   # a ratio of two figures near the noise is noise
             parts.append(f"vs {label}: within noise (all families {mine:+.0f} ns, "
                          f"{label} {theirs:+.0f} ns, runs of one variant spread {noise:.0f} ns)")
         else:
