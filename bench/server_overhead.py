@@ -288,7 +288,9 @@ def alternate(target: Target, tracers: list[Tracer], rounds: int) -> dict[str, l
     return out
 
 
-def report(title: str, results: dict, rounds: int) -> list[str]:
+def report(title: str, results: dict, seconds: float) -> list[str]:
+    """The table of one server: ratios, rates and CPU per request, then the BPF run time
+    per program of the variants that read it (divided by the requests of `seconds`)."""
     lines = [f"\n{title}", f"{'variant':<52} {'req/s vs untraced':>18} {'[min-max]':>13} "
                            f"{'req/s':>8} {'CPU µs/req':>14}"]
     base_rps = [b.rps for runs in results.values() for triple in runs for b in (triple[0], triple[2])]
@@ -310,8 +312,8 @@ def report(title: str, results: dict, rounds: int) -> list[str]:
         fns = sorted({k for s in stats for k in s.bpf_ns if not k.endswith(" runs")})
         total = 0.0
         for fn in fns:
-            per_req = statistics.median(s.bpf_ns.get(fn, 0) / (s.rps * SECONDS[0]) for s in stats)
-            runs_per_req = statistics.median(s.bpf_ns.get(f"{fn} runs", 0) / (s.rps * SECONDS[0]) for s in stats)
+            per_req = statistics.median(s.bpf_ns.get(fn, 0) / (s.rps * seconds) for s in stats)
+            runs_per_req = statistics.median(s.bpf_ns.get(f"{fn} runs", 0) / (s.rps * seconds) for s in stats)
             total += per_req
             if per_req >= 1:
                 ns_run = per_req / runs_per_req if runs_per_req else 0
@@ -319,9 +321,6 @@ def report(title: str, results: dict, rounds: int) -> list[str]:
                              f"{ns_run:>5.0f} ns/run")
         lines.append(f"    {'total':<28} {total:>8.0f} ns/req")
     return lines
-
-
-SECONDS = [5.0]   # one run's length; report() divides run times by the requests of one run
 
 
 def nginx_rounds(args, work: Path) -> list[str]:
@@ -352,7 +351,7 @@ def nginx_rounds(args, work: Path) -> list[str]:
             what = "1 KiB static file" if handler == "static" else "5 ms handler (echo_sleep)"
             out += report(f"nginx 1.22, 1 worker, keep-alive, {what}, wrk -t1 -c16, {args.rounds} rounds x "
                           f"{args.seconds:g} s, {'server on CPU 0, wrk on CPU 1' if args.pin else 'unpinned'}",
-                          results, args.rounds)
+                          results, args.seconds)
     finally:
         nginx.stop()
     return out
@@ -383,7 +382,7 @@ def gateway_rounds(args, work: Path) -> list[str]:
             for t in tracers:
                 t.close()
         return report(f"reference gateway (+ inference, tools), 16 closed-loop clients, {args.rounds} rounds x "
-                      f"{args.seconds:g} s; CPU µs/req is the whole stack's", results, args.rounds)
+                      f"{args.seconds:g} s; CPU µs/req is the whole stack's", results, args.seconds)
     finally:
         launcher.stop(cfg.run_dir)
 
@@ -407,7 +406,6 @@ def main(argv=None) -> int:
     for tool in ("nginx", "wrk", "bpftrace", "bpftool"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is not installed (the project's setup installs it)")
-    SECONDS[0] = args.seconds
     stats_was = Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip()
     if args.bpf_stats:
         Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
