@@ -1,0 +1,272 @@
+"""What tuning buys on the real stack: the reference stack and a real `slotune run`
+on this machine under the demo's load step and a diurnal day, four arms run
+alternately, each on a fresh stack (its own Redis, empty caches):
+
+  shipped     the settings the stack ships with (no limit, no dimmer), no daemon
+  whitepaper  the daemon with every tuner on `policy = "whitepaper"`
+  slotune     the daemon with slotune's policies
+  oracle      the best static settings of a short sweep run before the rounds, no daemon
+
+Per arm, from the load generator's own records: seconds whose P99 (answers
+completed in that second) is over the SLO, goodput (answered within the SLO per
+second, a degraded answer counting in full), the share within the SLO with a
+degraded answer counting half, refused (429) and degraded shares, errors, and the
+client-side P50/P99. Medians over the rounds with [min-max].
+
+    python -m bench.closed_loop                 # 3 rounds x 4 arms x 2 profiles, about 25 minutes
+    python -m bench.closed_loop --quick         # 1 round of short phases, a smoke run (about 4 minutes)
+    python -m bench.closed_loop --rounds 5 --json /tmp/closed_loop.json
+
+Needs root (the daemon's eBPF probes)."""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from daemon.demo.run import GATEWAY_SLO_MS, INFERENCE_SLO_MS, measure_capacity, phases, start_daemon  # noqa: E402
+from daemon.demo.stack_config import for_reference_stack  # noqa: E402
+from reference_stack import launcher, loadgen  # noqa: E402
+from reference_stack.client import StackClient  # noqa: E402
+
+SLO_S = GATEWAY_SLO_MS / 1e3
+ARMS = ("shipped", "whitepaper", "slotune", "oracle")
+PROFILES = ("step", "diurnal")
+DIURNAL_MEAN = 0.9          # x capacity: the day swings 0.18..1.62 x capacity
+SLOTUNE_START = {"gateway": {"concurrency_limit": 32}}          # the demo's start (a limit of 0 means none)
+# The whitepaper's token bucket starts open: twice the capacity, above the step's 1.5 x.
+WHITEPAPER_START_X = 2.0
+ORACLE_GRID = {"concurrency_limit": (8, 16, 32), "degrade_ratio": (0.0, 0.5, 1.0), "max_batch_size": (8,)}
+QUICK_GRID = {"concurrency_limit": (16,), "degrade_ratio": (0.0, 1.0), "max_batch_size": (8,)}
+
+
+def tuners_toml(policy: str) -> str:
+    """The gateway's and the inference server's tuner tables, every tuner on `policy`."""
+    def table(service: str, tuner: str, interval_s: float, extra: str = "") -> str:
+        return f'[services.{service}.tuners.{tuner}]\npolicy = "{policy}"\ninterval_s = {interval_s}\n{extra}'
+    return (table("gateway", "throttle", 1.0) + table("gateway", "degrade", 1.0)
+            + table("gateway", "sampling", 5.0, "budget_traces_per_s = 2.0\n"),
+            table("inference", "batch", 5.0))
+
+
+@dataclass
+class Run:
+    """One arm on one profile in one round."""
+    arm: str
+    profile: str
+    round: int
+    records: list          # (seconds from the load's start, loadgen.Record)
+    seconds: float
+    trace: list            # the stack's settings each second: {t, concurrency_limit, rate_limit_rps, ...}
+    decisions: int = 0
+
+
+def plan(profile: str, capacity: float, quick: bool) -> list[tuple[float, float, str]]:
+    """(rate, seconds, loadgen profile) segments: the demo's step at 0.2 of its length, or one day."""
+    if profile == "step":
+        return [(p.rate, p.seconds, "constant") for p in phases(capacity, 0.1 if quick else 0.2)]
+    return [(DIURNAL_MEAN * capacity, 16.0 if quick else 33.0, "diurnal")]
+
+
+def drive(url: str, segments, seed: int) -> list:
+    out, offset = [], 0.0
+    for rate, seconds, profile in segments:
+        for r in loadgen.run_load(url, rate, seconds, profile=profile, seed=seed):
+            out.append((offset + r.t_s, r))
+        offset += seconds
+    return out
+
+
+def watch(client: StackClient, stop: threading.Event, trace: list) -> None:
+    t0 = time.time()
+    while not stop.wait(1.0):
+        try:
+            g, i = client.settings("gateway"), client.settings("inference")
+        except OSError:
+            continue
+        trace.append({"t": round(time.time() - t0, 1), **{k: g[k] for k in ("concurrency_limit", "rate_limit_rps",
+                                                                             "degrade_ratio")},
+                      "max_batch_size": i["max_batch_size"]})
+
+
+def stop_daemon(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def run_arm(arm: str, profile: str, rnd: int, capacity: float, oracle: dict, quick: bool, work: Path) -> Run:
+    """A fresh stack with the arm's settings (and daemon), the profile's load, then both stopped."""
+    policy = {"whitepaper": "whitepaper", "slotune": "slotune"}.get(arm)
+    settings = {"oracle": {"gateway": {k: v for k, v in oracle.items() if k != "max_batch_size"},
+                           "inference": {"max_batch_size": oracle.get("max_batch_size", 8)}},
+                "slotune": SLOTUNE_START,
+                "whitepaper": {"gateway": {"rate_limit_rps": round(WHITEPAPER_START_X * capacity, 1)}}}.get(arm, {})
+    run_dir = work / f"{profile}-{arm}-{rnd}"
+    cfg = launcher.StackConfig.on_free_ports(run_dir / "stack", settings=settings)
+    state = launcher.start(cfg)
+    daemon, trace, stop = None, [], threading.Event()
+    try:
+        if policy:
+            port = launcher.free_ports(1)[0]
+            gateway_tuners, inference_tuners = tuners_toml(policy)
+            config_path = run_dir / "slotune.toml"
+            config_path.write_text(for_reference_stack(state, port, run_dir, gateway_slo_ms=GATEWAY_SLO_MS,
+                                                       inference_slo_ms=INFERENCE_SLO_MS, environment="bench",
+                                                       gateway_tuners=gateway_tuners,
+                                                       inference_tuners=inference_tuners))
+            daemon = start_daemon(config_path, run_dir, f"http://127.0.0.1:{port}", dry_run=False)
+        watcher = threading.Thread(target=watch, args=(StackClient(state), stop, trace), daemon=True)
+        watcher.start()
+        segments = plan(profile, capacity, quick)
+        records = drive(state["query_url"], segments, seed=rnd)
+        stop.set()
+        watcher.join(timeout=5)
+    finally:
+        if daemon is not None:
+            stop_daemon(daemon)
+        launcher.stop(cfg.run_dir)
+    audit = run_dir / "audit.jsonl"
+    decisions = sum(json.loads(l)["outcome"] == "pushed" for l in audit.read_text().splitlines() if l) \
+        if audit.exists() else 0
+    return Run(arm, profile, rnd, records, sum(s for _, s, _ in segments), trace, decisions)
+
+
+def figures(run: Run) -> dict:
+    """The arm's figures from the client's records (latency from the scheduled arrival)."""
+    recs = [r for _, r in run.records]
+    n = max(len(recs), 1)
+    answered = [(t + r.latency_s, r) for t, r in run.records if r.outcome in ("ok", "degraded")]
+    lat = np.array([r.latency_s for _, r in answered])
+    within = [r for _, r in answered if r.latency_s <= SLO_S]
+    by_second: dict[int, list[float]] = {}
+    for done, r in answered:
+        by_second.setdefault(int(done), []).append(r.latency_s)
+    over = sum(float(np.quantile(v, 0.99)) > SLO_S for s, v in by_second.items() if s < run.seconds)
+    q = (lambda p: float(np.quantile(lat, p))) if len(lat) else (lambda p: math.nan)
+    return {"over_s": int(over), "goodput_rps": len(within) / run.seconds,
+            "within_half": sum(0.5 if r.outcome == "degraded" else 1.0 for r in within) / n,
+            "refused": sum(r.outcome == "rejected" for r in recs) / n,
+            "degraded": sum(r.outcome == "degraded" for r in recs) / n,
+            "errors": sum(r.outcome == "error" for r in recs) / n,
+            "p50_ms": q(0.5) * 1e3, "p99_ms": q(0.99) * 1e3, "offered": len(recs), "answered_rps": len(lat) / run.seconds,
+            "pushed": run.decisions, "lowest_limit": min((s["concurrency_limit"] for s in run.trace), default=0),
+            "mean_ratio": float(np.mean([s["degrade_ratio"] for s in run.trace])) if run.trace else 0.0}
+
+
+def sweep(client: StackClient, capacity: float, grid: dict, quick: bool) -> tuple[dict, list]:
+    """Each static point of the grid under a short step (0.5 x then 1.5 x capacity) on one stack;
+    the best by the share within the SLO, a degraded answer counting half."""
+    names, scores = list(grid), []
+    low_s, high_s = (2.0, 5.0) if quick else (3.0, 8.0)
+    for values in itertools.product(*grid.values()):
+        point = dict(zip(names, values))
+        client.patch("gateway", **{k: v for k, v in point.items() if k != "max_batch_size"})
+        client.patch("inference", max_batch_size=point["max_batch_size"])
+        client.admin("gateway", "POST", {"level": "all"}, path="/admin/cache/flush")   # each point from cold caches
+        time.sleep(1.0)
+        records = drive(client.state["query_url"], [(0.5 * capacity, low_s, "constant"),
+                                                    (1.5 * capacity, high_s, "constant")], seed=7)
+        f = figures(Run("oracle", "sweep", 0, records, low_s + high_s, []))
+        scores.append((f["within_half"], point, f))
+        print(f"    {point}: within SLO (degraded = 1/2) {f['within_half']:.3f}, refused {f['refused']:.2f}, "
+              f"degraded {f['degraded']:.2f}, P99 {f['p99_ms']:.0f} ms", flush=True)
+    best = max(scores, key=lambda s: s[0])
+    return best[1], [{"point": p, **f} for _, p, f in scores]
+
+
+def spread(values: list[float], fmt: str) -> str:
+    med = float(np.median(values))
+    if len(values) == 1:
+        return format(med, fmt)
+    return f"{format(med, fmt)} [{format(min(values), fmt)}–{format(max(values), fmt)}]"
+
+
+def table(results: list[dict]) -> str:
+    cols = [("s P99>SLO", "over_s", ".0f"), ("goodput q/s", "goodput_rps", ".1f"),
+            ("within SLO (deg. = ½)", "within_half", ".2f"), ("refused", "refused", ".2f"),
+            ("degraded", "degraded", ".2f"), ("errors", "errors", ".2f"), ("P50 ms", "p50_ms", ".0f"),
+            ("P99 ms", "p99_ms", ".0f")]
+    lines = ["| profile | arm | " + " | ".join(c[0] for c in cols) + " |",
+             "|---|---|" + "---:|" * len(cols)]
+    for profile in PROFILES:
+        for arm in ARMS:
+            rows = [r for r in results if r["profile"] == profile and r["arm"] == arm]
+            if rows:
+                lines.append(f"| {profile} | {arm} | " + " | ".join(spread([r[k] for r in rows], f)
+                                                                    for _, k, f in cols) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of every arm on every profile (default 3)")
+    ap.add_argument("--profiles", default=",".join(PROFILES), help="comma-separated: step, diurnal")
+    ap.add_argument("--capacity", type=float, default=None,
+                    help="queries/s taken as 1x (default: measured on a fresh stack, as the demo does)")
+    ap.add_argument("--quick", action="store_true", help="1 round of short phases and a 2-point sweep")
+    ap.add_argument("--json", type=Path, default=None, help="write every round's figures and settings here")
+    args = ap.parse_args(argv)
+    profiles = [p for p in args.profiles.split(",") if p]
+    if bad := [p for p in profiles if p not in PROFILES]:
+        ap.error(f"--profiles: unknown {', '.join(bad)}; choose from {', '.join(PROFILES)}")
+    rounds = 1 if args.quick else args.rounds
+    started, load_before = datetime.now(timezone.utc), os.getloadavg()
+    work = Path(tempfile.mkdtemp(prefix="slotune-closed-loop-"))
+    print(f"==> calibration stack in {work}", flush=True)
+    cfg = launcher.StackConfig.on_free_ports(work / "calibration")
+    state = launcher.start(cfg)
+    try:
+        capacity = args.capacity or measure_capacity(state["query_url"])
+        print(f"    capacity {capacity:.1f} queries/s; sweeping the static settings", flush=True)
+        oracle, swept = sweep(StackClient(state), capacity, QUICK_GRID if args.quick else ORACLE_GRID, args.quick)
+    finally:
+        launcher.stop(cfg.run_dir)
+    print(f"    oracle: {oracle}", flush=True)
+    results, runs = [], []
+    for rnd, profile in itertools.product(range(rounds), profiles):
+        order = ARMS[rnd % len(ARMS):] + ARMS[:rnd % len(ARMS)]      # each arm in each slot in turn
+        for arm in order:
+            t = time.monotonic()
+            run = run_arm(arm, profile, rnd, capacity, oracle, args.quick, work)
+            f = {"arm": arm, "profile": profile, "round": rnd, **figures(run)}
+            results.append(f)
+            runs.append({**f, "settings": run.trace})
+            print(f"    round {rnd + 1} {profile:<8} {arm:<10} {time.monotonic() - t:4.0f} s: over {f['over_s']} s, "
+                  f"goodput {f['goodput_rps']:.1f} q/s, refused {f['refused']:.2f}, degraded {f['degraded']:.2f}, "
+                  f"P99 {f['p99_ms']:.0f} ms, answered {f['answered_rps']:.1f} q/s, {f['pushed']} pushes, lowest "
+                  f"concurrency limit {f['lowest_limit']}, mean degrade_ratio {f['mean_ratio']:.2f}", flush=True)
+    load_after = os.getloadavg()
+    command = "python -m bench.closed_loop " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(f"\nRun on {started:%Y-%m-%d %H:%M} UTC, `{command.strip()}`, {rounds} round(s), capacity "
+          f"{capacity:.1f} q/s, gateway SLO {GATEWAY_SLO_MS:.0f} ms; oracle {oracle}; load average "
+          f"{load_before[0]:.1f} before, {load_after[0]:.1f} after (2 CPUs)\n")
+    print(table(results))
+    if args.json:
+        args.json.write_text(json.dumps({"capacity": capacity, "oracle": oracle, "sweep": swept, "runs": runs},
+                                        indent=1))
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
