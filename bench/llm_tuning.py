@@ -75,7 +75,10 @@ def run_arm(arm: str, round_no: int, scale: float, work: Path) -> dict:
             except subprocess.TimeoutExpired:
                 os.killpg(daemon.pid, signal.SIGKILL)
         launcher.stop(stack_cfg.run_dir)
-    return judge(arm, round_no, phases, decisions)
+    result = judge(arm, round_no, phases, decisions, started)
+    # a daemon step that raised decided nothing that second: an arm with many is not the tuner's
+    result["daemon_errors"] = (run_dir / "daemon.log").read_text(errors="replace").count("Traceback")
+    return result
 
 
 def ttft_seconds_over(phases, slo_s: float) -> int:
@@ -90,13 +93,14 @@ def ttft_seconds_over(phases, slo_s: float) -> int:
                for v in windows.values())
 
 
-def judge(arm: str, round_no: int, phases, decisions) -> dict:
+def judge(arm: str, round_no: int, phases, decisions, started: float) -> dict:
+    """The arm's figures; times of the settings in seconds from the daemon's start (the load starts with it)."""
     ttft_s, tpot_s = (ms / 1e3 for ms in LLM_SLOS_MS)
     records = [r for *_, rs in phases for r in rs]
     seconds = sum(p[2] for p in phases)
     whole = llm_load.summarize_llm(records, seconds, ttft_s, tpot_s)
     per_phase = {label: llm_load.summarize_llm(rs, s, ttft_s, tpot_s) for label, _, s, _, rs in phases}
-    settings = [(round(d["t"] - decisions[0]["t"], 1) if decisions else 0.0, d["setting"], d["new"], d["outcome"])
+    settings = [(round(d["t"] - started, 1), d["setting"], d["new"], d["outcome"])
                 for d in decisions if d["tuner"] == "continuous_batch" and d["outcome"] in
                 ("pushed", "rolled back", "dry-run")]
     return {"arm": arm, "round": round_no, "offered": len(records), "completed": sum(r.ok for r in records),
@@ -104,7 +108,9 @@ def judge(arm: str, round_no: int, phases, decisions) -> dict:
             "ttft_seconds_over": ttft_seconds_over(phases, ttft_s), "ttft_p99_s": whole["ttft_p99_s"],
             "tpot_p99_s": whole["tpot_p99_s"], "step_ttft_p99_s": per_phase["step"]["ttft_p99_s"],
             "step_tpot_p99_s": per_phase["step"]["tpot_p99_s"], "seconds": seconds, "settings": settings,
-            "decisions": [(round(d["t"], 1), d["setting"], d["old"], d["new"], d["outcome"], d["reason"])
+            "phases": {label: {k: p[k] for k in ("offered_rps", "completed_rps", "goodput_rps", "ttft_p99_s",
+                                                 "tpot_p99_s")} for label, p in per_phase.items()},
+            "decisions": [(round(d["t"] - started, 1), d["setting"], d["old"], d["new"], d["outcome"], d["reason"])
                           for d in decisions if d["tuner"] == "continuous_batch"]}
 
 
@@ -154,7 +160,8 @@ def main(argv=None) -> int:
             print(f"round {round_no} {arm} ({ARMS[arm]}, load avg {os.getloadavg()[0]:.1f}): goodput "
                   f"{r['goodput_rps']:.2f} req/s (step {r['step_goodput_rps']:.2f}), {r['ttft_seconds_over']} s "
                   f"TTFT P99 over, {r['completed']}/{r['offered']} completed, TPOT P99 {r['tpot_p99_s'] * 1e3:.0f} ms"
-                  + (f"; settings: {settings_line(r)}" if arm == "A" else ""), flush=True)
+                  + (f"; settings: {settings_line(r)}" if arm == "A" else "")
+                  + (f"; {r['daemon_errors']} daemon steps raised (see {work})" if r["daemon_errors"] else ""), flush=True)
             if args.json:
                 args.json.write_text(json.dumps(results, indent=1))
     print("\n" + table(results))

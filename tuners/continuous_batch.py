@@ -31,9 +31,17 @@ old step).
   would only make the next burst queue.
 - The KV cache full or preempting: more sequences cannot all be held, and a preempted one
   recomputes its whole context and stalls its stream: seqs go under the running count the
-  cache held, and grow no further while it is nearly full.
-Both over at once is overload that no batch shape clears: the TPOT rule wins, because a
-step over the TPOT SLO fails every running request, while the queue only fails the late.
+  cache held, and grow no further while it is nearly full; with TPOT over its target as well, the
+  TPOT rule above narrows the step from there (once the token budget alone was cut by the whole
+  overshoot: in a load step on the real stack, steps mostly decodes, it went 2048 -> 120 while
+  the width stayed, starving every prompt's prefill, bench/llm_tuning.py).
+Both over at once is overload that no batch shape clears. While TTFT P99 is within its SLO, or
+nobody waits, the TPOT rule wins: a step over the TPOT SLO fails every running request, while
+the queue only fails the late. Once requests wait past the TTFT SLO, the queue is lost: what
+waits and what runs counts for no goodput whatever its TPOT, and narrowing the step would only
+drain it slower and keep the next arrivals waiting behind it, so the width is held (on the real
+stack, bench/llm_tuning.py, narrowing 256 -> 7 in a 4x step left 60 waiting and 40 s TTFTs
+into the calm after it, where the defaults had drained).
 
 Anchors: "whitepaper", the whitepaper's batch rule (b = ((0.8*SLO - 8.3)/(2.1*1.28))^2,
 clamp 1..128, every 30 s) applied to max_num_seqs with the TPOT SLO as the per-batch latency
@@ -127,6 +135,18 @@ SLOT_BOUND = 0.9     # running at this share of max_num_seqs with a queue: seque
 TOKEN_BOUND = 0.9    # steps at this share of max_num_batched_tokens: prefill waits for the budget
 
 
+def _narrow(seqs: float, tokens: float, tpot: float, obs: Observation, running: float):
+    """TPOT over its target by `tpot` (the gap over the target): the step is too long. It takes about
+    a + b*tokens + c*seqs, so shrinking both by `cut` shrinks it by about that, at most halved; but steps
+    that are mostly prefill were made long by the chunks, not the width: only the token budget then."""
+    cut = max(MIN_CUT, 1 / tpot)
+    if obs.step_tokens > PREFILL_BOUND * running:
+        tokens = max(TOKEN_FLOOR * running, min(tokens, obs.step_tokens_p99) * cut)
+        return seqs, tokens, f"TPOT over target, the steps mostly prefill: token budget to {tokens:.0f}"
+    seqs, tokens = min(seqs, running * cut), min(tokens, max(obs.step_tokens_p99, running) * cut)
+    return seqs, tokens, f"TPOT over target: the step's sequences and tokens x{cut:.2f}"
+
+
 def _slotune_decide(state: State, obs: Observation):
     if _no_slos(obs) or obs.requests <= 0:
         return state, Decision({}, "the service declares no TTFT and TPOT SLOs" if _no_slos(obs) else
@@ -140,21 +160,21 @@ def _slotune_decide(state: State, obs: Observation):
     figures = (f"TTFT P99 {obs.ttft_p99_s * 1e3:.0f} ms, TPOT P99 {obs.tpot_p99_s * 1e3:.1f} ms, "
                f"inter-token {obs.itl_mean_s * 1e3:.1f} ms, "
                f"running {obs.running:.0f}, waiting {obs.waiting:.0f}")
+    # the queue is lost: what waits (and so what runs) already missed the TTFT SLO and counts for no
+    # goodput whatever its TPOT; a narrower step would only serve it slower and keep the next arrivals waiting
+    lost = obs.ttft_p99_s > obs.slo_ttft_s and obs.waiting >= 1
     if obs.preemptions > 0 or obs.kv_usage >= KV_FULL:
         seqs = min(seqs, running) * (0.9 if obs.preemptions > 0 else 1.0)
         why = f"KV cache {obs.kv_usage:.0%} full, {obs.preemptions:.0f} preempted: seqs to {seqs:.0f}"
-        if tpot > 1:
-            tokens = max(TOKEN_FLOOR * running, min(tokens, obs.step_tokens_p99) / tpot)
-            why += f"; TPOT over target: token budget x{1 / tpot:.2f}"
+        if tpot > 1 and not lost:
+            seqs, tokens, narrowed = _narrow(seqs, tokens, tpot, obs, running)
+            why += f"; {narrowed}"
         return _move(state, seqs, tokens, f"{figures}; {why}", obs.now)
-    if tpot > 1:   # a step takes about a + b*tokens + c*seqs: shrinking both by `cut` shrinks it by about that
-        cut = max(MIN_CUT, 1 / tpot)
-        if obs.step_tokens > PREFILL_BOUND * running:   # the chunks made the step long, not the width
-            tokens = max(TOKEN_FLOOR * running, min(tokens, obs.step_tokens_p99) * cut)
-            why = f"TPOT over target, the steps mostly prefill: token budget to {tokens:.0f}"
-        else:
-            seqs, tokens = min(seqs, running * cut), min(tokens, max(obs.step_tokens_p99, running) * cut)
-            why = f"TPOT over target: the step's sequences and tokens x{cut:.2f}"
+    if tpot > 1 and lost:
+        return state, Decision({}, f"{figures}; TPOT over target, but requests wait past the TTFT SLO: "
+                                   "narrowing would only drain them slower: hold")
+    if tpot > 1:
+        seqs, tokens, why = _narrow(seqs, tokens, tpot, obs, running)
         return _move(state, seqs, tokens, f"{figures}; {why}", obs.now)
     if ttft > 1:
         grow = min(MAX_GROWTH, 1 / max(tpot, 1e-9))

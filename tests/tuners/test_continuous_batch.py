@@ -67,8 +67,8 @@ def test_tpot_over_narrows_the_step_by_the_overshoot():
     assert d.changes == {cb.SEQS: 30.0, cb.TOKENS: 200.0}   # at most halved in one decision
 
 
-def test_tpot_over_wins_over_ttft_over():
-    _, d = decide(obs(ttft=3.0, itl=1.25 * TPOT_TARGET, running=64.0, waiting=50.0, tokens_p99=400.0))
+def test_tpot_over_wins_over_ttft_over_while_ttft_is_within_its_slo():
+    _, d = decide(obs(ttft=0.95, itl=1.25 * TPOT_TARGET, running=64.0, waiting=50.0, tokens_p99=400.0))
     assert d.changes[cb.SEQS] < START[cb.SEQS] and d.changes[cb.TOKENS] < START[cb.TOKENS]
 
 
@@ -199,3 +199,20 @@ def test_the_config_wants_both_token_slos_for_this_tuner(tmp_path):
 def test_tpot_over_from_prefill_chunks_cuts_only_the_token_budget():
     _, d = decide(obs(itl=2 * TPOT_TARGET, running=8.0, tokens=900.0, tokens_p99=2048.0), {cb.SEQS: 256.0, cb.TOKENS: 2048.0})
     assert d.changes == {cb.TOKENS: 1024.0} and "mostly prefill" in d.reason
+
+
+def test_a_full_cache_with_tpot_over_narrows_the_step_by_the_tpot_rule_not_the_budget_alone():
+    # steps mostly decodes (2.5 tokens per sequence): the width made them long; the cut is at most halved
+    _, d = decide(obs(preempted=3.0, kv=1.0, running=60.0, itl=4 * TPOT_TARGET, tokens=150.0, tokens_p99=700.0))
+    assert d.changes == {cb.SEQS: 30.0, cb.TOKENS: 350.0}
+    _, d = decide(obs(kv=0.97, running=8.0, itl=2 * TPOT_TARGET, tokens=900.0, tokens_p99=2048.0),
+                  {cb.SEQS: 256.0, cb.TOKENS: 2048.0})
+    assert d.changes == {cb.SEQS: 8.0, cb.TOKENS: 1024.0} and "mostly prefill" in d.reason
+
+
+def test_tpot_over_with_requests_waiting_past_the_ttft_slo_holds_the_width():
+    # the waiting requests already missed TTFT: narrowing would only drain them slower
+    _, d = decide(obs(ttft=3.0, itl=4 * TPOT_TARGET, running=60.0, waiting=40.0, tokens_p99=400.0))
+    assert d.changes == {} and "past the TTFT SLO" in d.reason
+    _, d = decide(obs(ttft=3.0, itl=4 * TPOT_TARGET, running=60.0, waiting=40.0, kv=1.0, preempted=2.0))
+    assert d.changes == {cb.SEQS: 54.0}                  # the cache rule still holds: no more than it can keep
