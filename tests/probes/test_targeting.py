@@ -96,3 +96,51 @@ def test_unit_cgroup_and_port_find_the_process(root_only, spawn, tag):
 def test_bad_declarations_say_what_to_fix(spec, words):
     with pytest.raises(TargetingError, match=words):
         Targeting([spec])
+
+
+def nginx_workers(master: int) -> set[int]:
+    return {int(t) for t in Path(f"/proc/{master}/task/{master}/children").read_text().split()}
+
+
+def test_nginx_workers_are_followed_through_reloads(root_only, started, tmp_path):
+    """A reload forks new workers, which inherit the listening socket (the listening
+    sockets do not change) and drop to their user and rename themselves just after the
+    fork: by port and by user + command line, every scan after a reload finds the new
+    workers (and the master, for the port)."""
+    import socket
+    import subprocess
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(f"""
+user nobody nogroup;
+worker_processes 2;
+daemon off;
+pid {tmp_path}/nginx.pid;
+error_log {tmp_path}/error.log;
+events {{ worker_connections 64; }}
+http {{
+    access_log off;
+    server {{ listen 127.0.0.1:{port}; location / {{ return 200 "ok\\n"; }} }}
+}}
+""")
+    master = started(["nginx", "-p", tmp_path, "-e", tmp_path / "error.log", "-c", conf]).pid
+    targeting = Targeting([ServiceSpec("by-port", port=port),
+                           ServiceSpec("workers", user="nobody", cmdline="^nginx: worker process")])
+    for reload in range(3):
+        deadline = time.monotonic() + 10
+        while len(workers := nginx_workers(master)) != 2 or any(
+                Path(f"/proc/{w}/cmdline").read_bytes().startswith(b"nginx: master") for w in workers):
+            assert time.monotonic() < deadline, f"nginx has no two workers after reload {reload}"
+            time.sleep(0.05)
+        get(port)
+        found = targeting.scan()
+        assert found["by-port"].tgids == {master} | workers, f"after {reload} reloads"
+        assert found["workers"].tgids == workers, f"after {reload} reloads"
+        subprocess.run(["nginx", "-p", tmp_path, "-c", conf, "-s", "reload"], check=True, capture_output=True)
+        deadline = time.monotonic() + 10
+        while nginx_workers(master) & workers:           # until the old workers have gone
+            assert time.monotonic() < deadline, "the old workers never left"
+            time.sleep(0.05)
+        targeting.scan()                                  # a scan right after the fork, mid-change

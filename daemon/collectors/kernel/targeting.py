@@ -24,6 +24,10 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 # only the line's head, and a scan stops matching new processes once its budget is spent.
 CMDLINE_BYTES = 4096
 SCAN_BUDGET_S = 0.25
+# A process this young may still be turning into what it will be (a forked worker
+# drops privileges and renames itself after the fork): a miss is not remembered.
+SETTLING_S = 2.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +99,12 @@ def stat_identity(pid: int) -> tuple[str, int] | None:
     comm = raw[raw.find(b"(") + 1:close].decode(errors="replace")
     fields = raw[close + 2:].split()
     return comm, int(fields[19])
+
+
+def uptime_s() -> float:
+    """Seconds since boot, the clock of a process's start time in /proc/<pid>/stat."""
+    with open("/proc/uptime") as f:
+        return float(f.read().split()[0])
 
 
 def cgroup_paths(pid: int) -> dict[str, str]:
@@ -273,13 +283,18 @@ class Targeting:
         self.listen_inodes: frozenset[int] | None = None   # listening sockets at the last scan
         self.port_inodes: frozenset[int] | None = None     # listening on the declared ports, at the last read
         self.listeners: dict[int, set[int]] = {}            # declared port -> pids, while they stay the same
+        self.declared_sockets: dict[int, int] = {}          # listening socket inode -> declared port, in our netns
         self.pid_ports: dict[int, tuple[int | None, set[int]]] = {}   # pid -> (netns, its listening ports), likewise
         self.other_netns: dict[int, int] = {}               # netns -> one service pid in it, not our own
 
-    def matches(self, pid: int, spec: ServiceSpec, listeners: dict[int, set[int]]) -> bool:
+    def matches(self, pid: int, spec: ServiceSpec, listeners: dict[int, set[int]], new: bool = False) -> bool:
         """The command line, which another user may have written, is read last: only
-        for processes that passed every other finder the service gives."""
-        if spec.port is not None and pid not in listeners.get(spec.port, set()):
+        for processes that passed every other finder the service gives. A new process
+        not among the port's last-read listeners is asked for its own sockets: a worker
+        forked after that read (nginx after a reload) holds the listening socket it
+        inherited, and the read is redone only when the listening sockets change."""
+        if spec.port is not None and pid not in listeners.get(spec.port, set()) and not (
+                new and spec.port in self.held_ports(pid)):
             return False
         uid = self.uids[spec.name]
         if uid is not None and process_uids(pid) != (uid, uid):
@@ -300,12 +315,17 @@ class Targeting:
                 return False
         return True
 
-    def match_all(self, pid: int, listeners: dict[int, set[int]], spent: dict[str, float]) -> frozenset[str]:
+    def held_ports(self, pid: int) -> set[int]:
+        """The declared ports whose listening sockets (in our namespace) the process holds."""
+        return {self.declared_sockets[i] for i in socket_inodes(pid) if i in self.declared_sockets}
+
+    def match_all(self, pid: int, listeners: dict[int, set[int]], spent: dict[str, float],
+                  new: bool = False) -> frozenset[str]:
         """The services pid belongs to; adds the time each service's match took to spent."""
         names = set()
         for s in self.services:
             t0 = time.perf_counter()
-            if self.matches(pid, s, listeners):
+            if self.matches(pid, s, listeners, new):
                 names.add(s.name)
             spent[s.name] = spent.get(s.name, 0.0) + time.perf_counter() - t0
         return frozenset(names)
@@ -333,11 +353,13 @@ class Targeting:
         # Which processes hold the declared ports takes every process's fds (psutil): read
         # only when the sockets listening on those ports change, not on every listen of the host.
         declared = {s.port for s in self.services if s.port}
-        port_inodes = frozenset(inode for inode, port in tables[own].items() if port in declared)
+        self.declared_sockets = {inode: port for inode, port in tables[own].items() if port in declared}
+        port_inodes = frozenset(self.declared_sockets)
         relisten = port_inodes != self.port_inodes
         if relisten:
             self.port_inodes, self.listeners = port_inodes, self.port_listeners()
         listeners = self.listeners
+        settled_start = (uptime_s() - SETTLING_S) * CLOCK_TICKS   # processes started before this have settled
         alive = {}
         spent: dict[str, float] = {}   # service -> seconds its matches took this scan
         waiting = 0                    # new processes left for the next scans
@@ -362,7 +384,9 @@ class Targeting:
                     continue
                 names = cached[1]
             else:
-                names = self.match_all(pid, listeners, spent)
+                names = self.match_all(pid, listeners, spent, new=not known)
+                if not names and ident[1] > settled_start:
+                    continue                 # matched again next scan, once it has settled
             alive[pid] = (ident, names)
             for name in names:
                 found[name].tgids.add(pid)
