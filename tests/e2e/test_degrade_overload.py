@@ -1,4 +1,4 @@
-"""The dimmer against an overload step on the real stack: the same step at twice the
+"""The dimmer against an overload step on the real stack: the same step at 1.5 x the
 stack's measured capacity, once with the throttle alone and once with the degrade tuner
 beside it (each a real `slotune run`, closed loop); once the tuners have acted (the step's
 second half) the dimmer answers degraded where the throttle alone refuses with 429, P99
@@ -20,7 +20,7 @@ from tests.e2e.conftest import daemon_config
 SLO_MS = 1000.0
 THROTTLE = "[services.gateway.tuners.throttle]\ninterval_s = 1.0\n"
 DEGRADE = "[services.gateway.tuners.degrade]\ninterval_s = 1.0\n"
-STEP_S, LOW_S = 14.0, 8.0
+STEP_S, LOW_S = 18.0, 8.0
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def run_step(stack, daemon, rate: float, low_s: float = 0.0) -> tuple[list, list
 
 
 def test_the_dimmer_answers_an_overload_step_degraded_where_the_throttle_alone_refuses(stack, daemon_factory):
-    rate = 2.0 * capacity(stack)
+    rate = 1.5 * capacity(stack)
 
     def config(tuners):
         return lambda port, work: daemon_config(stack.state, port, work, gateway_slo_ms=SLO_MS,
@@ -89,7 +89,7 @@ def test_the_dimmer_answers_an_overload_step_degraded_where_the_throttle_alone_r
     outcomes = [r.outcome for r in records]
     half = sum(r.t_s >= STEP_S / 2 for r in records)
     assert refused_alone >= 0.15 * half, f"the throttle alone refused only {refused_alone} of {half} late in the step"
-    assert late_refusals(records) <= refused_alone / 3, (late_refusals(records), refused_alone,
+    assert late_refusals(records) <= refused_alone / 2, (late_refusals(records), refused_alone,
                                                          [t[2:] for t in trace], [t[2:] for t in trace_alone])
     assert outcomes.count("degraded") >= 0.3 * len(outcomes), f"the dimmer degraded {outcomes.count('degraded')}"
     late = [p99 for t, p99, _, _ in trace if STEP_S - 6 <= t < STEP_S and p99 is not None]
