@@ -2,8 +2,9 @@
 stack's measured capacity, once with the throttle alone and once with the degrade tuner
 beside it (each a real `slotune run`, closed loop); once the tuners have acted (the step's
 second half) the dimmer answers degraded where the throttle alone refuses with 429, P99
-ends under the SLO, and when the load drops degrade_ratio goes back to 0. The daemon runs without eBPF probes (the tuners
-read the gateway's own /metrics), so that it starts in a second or two."""
+ends under the SLO, and when the load drops degrade_ratio goes back to 0. The daemon runs
+without eBPF probes (the tuners read the gateway's own /metrics), so that it starts in a
+second or two."""
 from __future__ import annotations
 
 import asyncio
