@@ -122,13 +122,19 @@ FIGURES = (("goodput_rps", "goodput (req/s, both SLOs)", 1, "{:.2f}"),
            ("tpot_p99_s", "TPOT P99 (ms)", 1e3, "{:.0f}"))
 
 
+def counted(r: dict) -> bool:
+    """An arm counts unless it is A with daemon steps that raised: those decided nothing (B pushes nothing anyway)."""
+    return r["arm"] == "B" or not r["daemon_errors"]
+
+
 def table(results: list[dict]) -> str:
-    """Medians with their range (min-max over the rounds), one column per arm."""
-    lines = ["| figure | " + " | ".join(f"{a}: {ARMS[a]}" for a in ARMS) + " |", "|---|---|---|"]
+    """Medians with their range (min-max over the rounds counted), one column per arm."""
+    lines = ["| figure | " + " | ".join(f"{a}: {ARMS[a]} ({sum(r['arm'] == a and counted(r) for r in results)} rounds)"
+                                     for a in ARMS) + " |", "|---|---|---|"]
     for key, label, scale, fmt in FIGURES:
         cells = []
         for arm in ARMS:
-            xs = [r[key] * scale for r in results if r["arm"] == arm]
+            xs = [r[key] * scale for r in results if r["arm"] == arm and counted(r)]
             cells.append(f"{fmt.format(float(np.median(xs)))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
                          if xs else "-")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
@@ -165,6 +171,9 @@ def main(argv=None) -> int:
             if args.json:
                 args.json.write_text(json.dumps(results, indent=1))
     print("\n" + table(results))
+    if not all(map(counted, results)):
+        print("not counted (daemon steps raised, nothing decided): " +
+              ", ".join(f"round {r['round']} {r['arm']}" for r in results if not counted(r)))
     return 0
 
 
