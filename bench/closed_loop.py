@@ -13,8 +13,8 @@ second, a degraded answer counting in full), the share within the SLO with a
 degraded answer counting half, refused (429) and degraded shares, errors, and the
 client-side P50/P99. Medians over the rounds with [min-max].
 
-    python -m bench.closed_loop                 # 3 rounds x 4 arms x 2 profiles, about 25 minutes
-    python -m bench.closed_loop --quick         # 1 round of short phases, a smoke run (about 4 minutes)
+    python -m bench.closed_loop                 # 3 rounds x 4 arms x 2 profiles, about 25 minutes (23 on 2026-12-01)
+    python -m bench.closed_loop --quick         # 1 round of short phases, a smoke run (about 6 minutes)
     python -m bench.closed_loop --rounds 5 --json /tmp/closed_loop.json
 
 Needs root (the daemon's eBPF probes)."""
