@@ -6,7 +6,7 @@ from daemon.model.sample import Sample
 from daemon.collectors.service_metrics import parse
 from daemon.model.histogram import Histogram
 from daemon.model.service import ServiceSpec
-from daemon.model.window import EBPF_TPOT, EBPF_TTFT, Window, build, merged_latency
+from daemon.model.window import EBPF_TPOT, EBPF_TTFT, Window, build, merged_latency, merged_tokens
 
 API = ServiceSpec("api", metrics_url="http://127.0.0.1:1/metrics", latency_metric="api_request_duration_seconds")
 
@@ -99,3 +99,18 @@ def test_token_timing_comes_from_the_services_own_histograms_else_the_kernel():
     assert w.ttft.count == 5 and w.tpot.count == 40                    # its own TTFT, the kernel's gaps
     assert (w.slo_ttft_s, w.slo_tpot_s) == (0.5, 0.05)
     assert build(ServiceSpec("llm"), 0.0, 1.0, [kernel]).ttft.count == 7
+
+
+def test_token_timings_from_two_sources_merge_only_the_latest_ones_kind():
+    own = parse("""# TYPE llm_ttft_seconds histogram
+llm_ttft_seconds_bucket{le="0.1"} 2
+llm_ttft_seconds_bucket{le="1.0"} 3
+llm_ttft_seconds_bucket{le="+Inf"} 3
+llm_ttft_seconds_sum 0.9
+llm_ttft_seconds_count 3
+""")[0][("llm_ttft_seconds", "")]
+    kernel = Histogram.from_values([300e6] * 7)
+    ws = [Window("llm", t, t + 1, 5.0, ttft=h) for t, h in enumerate((own, kernel, own, own))]
+    assert merged_tokens(ws, "ttft").count == 9              # the three of the service's own kind
+    assert merged_tokens(ws[:2], "ttft").count == 7          # the kernel's, the latest
+    assert merged_tokens([Window("llm", 0, 1, 5.0)], "tpot") is None

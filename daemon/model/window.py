@@ -137,10 +137,12 @@ def merged_latency(windows: list[Window]) -> Histogram | BucketHistogram | None:
 
 
 def merged_tokens(windows: list[Window], which: str) -> Histogram | BucketHistogram | None:
-    """The windows' "ttft" or "tpot" histograms together, or None."""
+    """The windows' "ttft" or "tpot" histograms together, or None. Like the latency, they
+    come from the service's own histogram in one window and from the kernel in another (a
+    missed scrape): only those of the latest one's kind are merged, as the two do not add."""
+    found = [h for w in windows if (h := getattr(w, which)) is not None]
     merged = None
-    for w in windows:
-        h = getattr(w, which)
-        if h is not None:
+    for h in found:
+        if type(h) is type(found[-1]):
             merged = h if merged is None else merged.plus(h)
     return merged
