@@ -1,6 +1,7 @@
 """`python -m bench [NAME ...]` (what `make bench` runs): each benchmark in turn,
 printing the figures the README quotes. Without names, all but the GPU check and
-the soak (an hour: `python -m bench soak`, or `python -m bench.soak --minutes N`)."""
+the long ones run by name (ON_REQUEST: the hour's soak, `python -m bench soak`;
+the closed-loop arms; the LLM tuning arms)."""
 from __future__ import annotations
 
 import importlib
@@ -14,9 +15,15 @@ BENCHES = {
     "daemon_footprint": "daemon CPU and RSS idle and under load, beside the stack's CPU (~1 min)",
     "attribution_matrix": "fault injection: injected cause x reported top cause (~10 min)",
     "nvml_sweep": "cost of one NVML sweep (GPU hosts; the failure path elsewhere)",
+    "server_overhead": "nginx under wrk with and without the probes, beside bpftrace: req/s, CPU and BPF time per request (~6 min)",
+    "signal_checks": "every signal against its independent reference (nstat, ss, bpftrace, s_time, server logs) (~5 min)",
+    "step_time_fit": "the reference decoder's step time a + b*tokens + c*seqs, for the LLM simulator (~1 min)",
     "soak": "an hour of diurnal load with SIGHUPs and gateway restarts: daemon RSS, fds, logs (~62 min)",
+    "closed_loop": "the real stack under a load step and a diurnal day: shipped, whitepaper, slotune, oracle arms (~25 min)",
+    "llm_tuning": "the continuous-batch tuner against the LLM server's defaults on the real stack (~15 min)",
 }
-ON_REQUEST = {"soak"}   # too long for every `make bench`: run by name
+# too long for every `make bench`, or a demonstration more than a figure: run by name
+ON_REQUEST = {"soak", "closed_loop", "llm_tuning"}
 
 
 def main(argv: list[str]) -> int:
