@@ -16,15 +16,13 @@ import argparse
 import json
 import math
 import os
-import signal
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from daemon.demo.run import LLM_SLOS_MS, OUTPUTS, PROMPTS, start_daemon, this_runs_decisions
+from daemon.demo.run import LLM_SLOS_MS, OUTPUTS, PROMPTS, start_daemon, stop_daemon, this_runs_decisions
 from daemon.demo.stack_config import LLM_INFERENCE_TUNERS, for_reference_stack
 from reference_stack import launcher
 from reference_stack.llm import load as llm_load
@@ -68,12 +66,7 @@ def run_arm(arm: str, round_no: int, scale: float, work: Path) -> dict:
             phases.append((label, rate, seconds, t0 - started, records))
         decisions = this_runs_decisions(run_dir / "audit.jsonl", started)
     finally:
-        if daemon is not None and daemon.poll() is None:
-            os.killpg(daemon.pid, signal.SIGTERM)
-            try:
-                daemon.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(daemon.pid, signal.SIGKILL)
+        stop_daemon(daemon)
         launcher.stop(stack_cfg.run_dir)
     result = judge(arm, round_no, phases, decisions, started)
     # a daemon step that raised decided nothing that second: an arm with many is not the tuner's

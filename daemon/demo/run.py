@@ -90,6 +90,16 @@ def start_daemon(config_path: Path, run_dir: Path, url: str, dry_run: bool) -> s
     return proc
 
 
+def stop_daemon(daemon: subprocess.Popen | None) -> None:
+    """SIGTERM to `slotune run`'s process group (it restores and exits), SIGKILL after 20 s."""
+    if daemon is not None and daemon.poll() is None:
+        os.killpg(daemon.pid, signal.SIGTERM)
+        try:
+            daemon.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(daemon.pid, signal.SIGKILL)
+
+
 def drive(url: str, plan: list[Phase], out: list, marks: list, llm: bool = False):
     """Run the phases back to back (open loop: the gateway's queries, or streaming completions),
     recording each request and each phase start."""
@@ -197,10 +207,5 @@ def run(run_dir: Path, capacity: float | None, scale: float, dry_run: bool, show
         print("\n" + "\n".join(summary), flush=True)
         return path
     finally:
-        if daemon is not None and daemon.poll() is None:
-            os.killpg(daemon.pid, signal.SIGTERM)
-            try:
-                daemon.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(daemon.pid, signal.SIGKILL)
+        stop_daemon(daemon)
         launcher.stop(stack_cfg.run_dir)
