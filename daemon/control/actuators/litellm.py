@@ -8,7 +8,6 @@ Endpoints: docs.litellm.ai/docs/proxy/virtual_keys ("Update Key", "Key Info") an
 proxy's API reference for /key/update and /key/info."""
 from __future__ import annotations
 
-import re
 from urllib.parse import quote
 
 from daemon.config import Control
