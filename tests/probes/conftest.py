@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -60,14 +61,24 @@ def spawn():
 
 @pytest.fixture
 def started():
-    """started(argv) -> Popen of any program, with pipes (stderr into stdout); killed at teardown."""
+    """started(argv) -> Popen of any program, with pipes (stderr into stdout), in a session of
+    its own; at teardown its whole process group is killed (nginx's workers outlive a killed
+    master otherwise, and their finders' matches with them)."""
     with contextlib.ExitStack() as stack:
         def start(argv):
             p = stack.enter_context(subprocess.Popen([str(a) for a in argv], stdin=subprocess.PIPE,
-                                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-            stack.callback(p.kill)
+                                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                                     start_new_session=True))
+            stack.callback(kill_group, p)
             return p
         yield start
+
+
+def kill_group(p: subprocess.Popen) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 @pytest.fixture
