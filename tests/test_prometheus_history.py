@@ -148,9 +148,16 @@ def test_errors_name_the_url_and_the_query(prometheus):
 
 
 def test_cli_imports_a_quantile_of_the_services_own_histogram(history, prometheus, tmp_path):
+    # Its --step 10s reads rates over 10 s at step-aligned times: wait until two such steps hold
+    # scrapes (run first, the fixture's 5 s of history gave none, and the CLI rightly said so).
+    query = history_query("p_seconds", "svc", "h1", "production", 10, histogram=HISTOGRAM, q=0.9)
+    deadline = time.monotonic() + DEADLINE_S
+    while len(history.by_deploy(query, time.time() - 60, time.time(), 10).get("v1", [])) < 2:
+        assert time.monotonic() < deadline, "Prometheus held no 10 s rates"
+        time.sleep(1.0)
     store = tmp_path / "b.sqlite"
     out = run_slotune("baseline", "import", "--from-prometheus", prometheus, "--service", "svc", "--host", "h1",
-                      "--histogram", HISTOGRAM, "--metric", "latency_p90_seconds", "--since", "1m", "--step", "5s",
+                      "--histogram", HISTOGRAM, "--metric", "latency_p90_seconds", "--since", "1m", "--step", "10s",
                       "--store", str(store))
     assert out.returncode == 0, out.stderr
     assert re.search(r"svc  latency_p90_seconds +\d+ points  mean 0\.9\d*  deploys v1 \(\d+\)", out.stdout), out.stdout
