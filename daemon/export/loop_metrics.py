@@ -75,13 +75,13 @@ class LoopMetrics:
 def _token_families(latest: dict[str, Window]):
     """Time to first token and time per output token against their objectives, for the
     services that stream tokens."""
-    for what, attr, text in (("ttft", "ttft", "time to first token"), ("tpot", "tpot", "time per output token")):
+    for what, text in (("ttft", "time to first token"), ("tpot", "time per output token")):
         q = GaugeMetricFamily(f"slotune_service_{what}_seconds", f"The service's {text}, quantile over the last window",
                               labels=["service", "quantile"])
         slo = GaugeMetricFamily(f"slotune_service_{what}_slo_seconds", f"The service's P99 objective for {text}",
                                 labels=["service"])
         for name, w in latest.items():
-            hist, objective = getattr(w, attr), getattr(w, f"slo_{what}_s")
+            hist, objective = getattr(w, what), getattr(w, f"slo_{what}_s")
             if objective:
                 slo.add_metric([name], objective)
             for quantile in QUANTILES if hist is not None and hist.count else ():
