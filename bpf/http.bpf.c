@@ -18,7 +18,10 @@
  *                        ("0\r\n\r\n", by write() or a one-iovec writev()) ends
  *                        the body and is no chunk;
  *   http_request         request to the response's last write (the whole
- *                        response), recorded when the response is over.
+ *                        response), recorded when the response is over;
+ *   http_refused/<code>  the same time again for a response that sent the client
+ *                        away, 429 or 503 (HTTP_TOO_MANY_REQUESTS,
+ *                        HTTP_SERVICE_UNAVAILABLE): a limit_req, a queue timeout.
  * A write costs one lookup of its connection; only a response's first write
  * reads its bytes (12 at the start, 4 at the end), and a 5-byte write or a
  * one-iovec writev() 5 more. */
@@ -39,7 +42,8 @@ struct http_conn {
     u64 first_byte_at;   /* ns of the response's first body write */
     u64 last_write_at;   /* ns of its latest write; 0 until it has one */
     u32 service;
-    u32 checked;         /* the first bytes looked like a request line */
+    u16 checked;         /* the first bytes looked like a request line */
+    u16 refused;         /* the response's status if it is a refusal (429, 503), else 0 */
 };
 
 BPF_TABLE("lru_hash", struct http_conn_key, struct http_conn, http_conns, 65536);
@@ -79,11 +83,14 @@ static __always_inline void http_response_over(struct http_conn *c)
         if (!c->first_byte_at && c->header_at)
             hist_add(c->service, SIG_HTTP_FIRST_BYTE, 0, c->header_at - c->request_at);
         hist_add(c->service, SIG_HTTP_REQUEST, 0, c->last_write_at - c->request_at);
+        if (c->refused)
+            hist_add(c->service, SIG_HTTP_REFUSED, c->refused, c->last_write_at - c->request_at);
     }
     c->request_at = 0;
     c->header_at = 0;
     c->first_byte_at = 0;
     c->last_write_at = 0;
+    c->refused = 0;
 }
 
 static __always_inline int http_read_enter(u64 fd, u64 buf)
@@ -158,7 +165,7 @@ static __always_inline void http_segments(u32 how, u64 buf, u64 len, u64 first[2
     bpf_probe_read_user(last, 2 * sizeof(u64), (void *)(buf + (len - 1) * 2 * sizeof(u64)));
 }
 
-/* A response's first write: its status class (1 to 5), or 0 if it is no
+/* A response's first write: its status code (100 to 599), or 0 if it is no
  * HTTP/1.x status line; *headers_only when the write ends with the header block. */
 static __always_inline u32 http_status(u32 how, u64 buf, u64 len, int *headers_only)
 {
@@ -168,13 +175,14 @@ static __always_inline u32 http_status(u32 how, u64 buf, u64 len, int *headers_o
     if (first[1] < HTTP_STATUS_LINE || bpf_probe_read_user(line, sizeof(line), (void *)first[0]))
         return 0;
     if (line[0] != 'H' || line[1] != 'T' || line[2] != 'T' || line[3] != 'P' || line[4] != '/'
-        || line[5] != '1' || line[6] != '.' || line[8] != ' ' || line[9] < '1' || line[9] > '5')
+        || line[5] != '1' || line[6] != '.' || line[8] != ' ' || line[9] < '1' || line[9] > '5'
+        || line[10] < '0' || line[10] > '9' || line[11] < '0' || line[11] > '9')
         return 0;
     u32 end = 0;
     if (last[1] >= 4)
         bpf_probe_read_user(&end, sizeof(end), (void *)(last[0] + last[1] - 4));
     *headers_only = end == HTTP_HEADER_END;
-    return line[9] - '0';
+    return (line[9] - '0') * 100 + (line[10] - '0') * 10 + (line[11] - '0');
 }
 
 /* Is this write the chunked terminator alone? Only a 5-byte write(), or a
@@ -208,9 +216,11 @@ static __always_inline int http_write_enter(u64 fd, u32 how, u64 buf, u64 len)
             http_conns.delete(&k);
             return 0;
         }
-        if (status == 1)                         /* 100 Continue and the like: the answer comes later */
+        if (status < 200)                        /* 100 Continue and the like: the answer comes later */
             return 0;
-        count_add(c->service, SIG_HTTP_STATUS, status, 1);
+        count_add(c->service, SIG_HTTP_STATUS, status / 100, 1);
+        if (status == HTTP_TOO_MANY_REQUESTS || status == HTTP_SERVICE_UNAVAILABLE)
+            c->refused = status;
         c->last_write_at = now;
         if (headers_only) {
             c->header_at = now;

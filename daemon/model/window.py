@@ -18,6 +18,8 @@ EBPF_LATENCY: Key = ("http_request", "")
 EBPF_TTFT: Key = ("http_first_byte", "")     # request to the response's first byte: TTFT when it streams
 EBPF_TPOT: Key = ("http_write_gap", "")      # between the writes of one response: the inter-token gap
 EBPF_ERRORS: Key = ("http_status", "5xx")     # server errors, read from the responses' status lines
+EBPF_REFUSED = "http_refused"                 # the 429 and 503 answers, timed apart (also in EBPF_LATENCY)
+EBPF_REFUSED_5XX: Key = (EBPF_REFUSED, "503")  # the refusals among the 5xx
 ERROR_OUTCOMES = ("error",)
 REJECTED_OUTCOMES = ("rejected",)
 
@@ -94,6 +96,20 @@ def _family(histograms: dict, name: str):
 
 
 
+def _ebpf_served(histograms: dict, counters: dict):
+    """(latency, "ebpf", errors, rejected) from the kernel's HTTP signals: a 429 or 503 is
+    a refusal, as a service's own outcome="rejected" is, so it leaves the latency (a fast
+    "go away" would pull P99 down as the service sheds load) and the 5xx errors."""
+    latency = histograms[EBPF_LATENCY]
+    refused = _family(histograms, EBPF_REFUSED)
+    if refused is None:
+        return latency, "ebpf", counters.get(EBPF_ERRORS, 0.0), 0.0
+    refused_5xx = histograms.get(EBPF_REFUSED_5XX)
+    errors = counters.get(EBPF_ERRORS, 0.0) - (refused_5xx.count if refused_5xx is not None else 0)
+    # the refused ones are the same values in the same buckets: taking them out is exact
+    return latency.minus(refused), "ebpf", max(errors, 0.0), float(refused.count)
+
+
 def build(spec: ServiceSpec, start: float, end: float, samples: list[Sample]) -> Window:
     """Merge one service's samples for one interval into a Window."""
     latency_metric = spec.latency_metric
@@ -116,8 +132,7 @@ def build(spec: ServiceSpec, start: float, end: float, samples: list[Sample]) ->
         errors = sum(h.count for outcome, h in by_outcome if outcome in ERROR_OUTCOMES)
         rejected = sum(h.count for outcome, h in by_outcome if outcome in REJECTED_OUTCOMES)
     if latency is None and EBPF_LATENCY in histograms:
-        latency, source = histograms[EBPF_LATENCY], "ebpf"
-        errors = counters.get(EBPF_ERRORS, 0.0)
+        latency, source, errors, rejected = _ebpf_served(histograms, counters)
     ttft = (_family(histograms, spec.ttft_metric) if spec.ttft_metric else None) or histograms.get(EBPF_TTFT)
     tpot = (_family(histograms, spec.tpot_metric) if spec.tpot_metric else None) or histograms.get(EBPF_TPOT)
     return Window(spec.name, start, end, spec.slo_p99_s, latency, source, errors, rejected, histograms, counters,

@@ -1,6 +1,7 @@
 """HTTP/1.x per service from accept/read/write/close (bpf/http.bpf.c): the whole
 response, its first body byte (a streaming LLM server's TTFT), the gaps between
-its body writes (inter-token) and its status class."""
+its body writes (inter-token), its status class, and the responses that sent
+the client away (429, 503: a limit or a queue timeout), timed apart."""
 from daemon.collectors.kernel.family import Family, Signal
 
 
@@ -18,6 +19,10 @@ SOCKET_CALLS = syscall_points(
     ("enter", "close"))
 
 STATUS_CLASSES = {n: f"{n}xx" for n in range(2, 6)}   # label id: the status code's first digit
+# The statuses that mean "not served, come back later" (label id: the code itself):
+# nginx's limit_req/limit_conn (503 by default, 429 when configured), HAProxy's
+# queue timeout and its rate limits, an engine's own admission control.
+REFUSED = {"HTTP_TOO_MANY_REQUESTS": 429, "HTTP_SERVICE_UNAVAILABLE": 503}
 
 
 class Http(Family):
@@ -32,9 +37,14 @@ class Http(Family):
                       "Time between two body writes of one HTTP/1.x response (chunks, SSE events: "
                       "a token stream's inter-token gap)"),
                Signal("http_status", "slotune_http_responses_total", "status", "counter",
-                      "HTTP/1.x responses by status class (2xx..5xx), read from their status line"))
+                      "HTTP/1.x responses by status class (2xx..5xx), read from their status line"),
+               Signal("http_refused", "slotune_http_refused_duration_seconds", "status", "histogram",
+                      "HTTP/1.x responses that refused the request (429, 503), timed as http_request: "
+                      "they are also in it"))
     tracepoints = SOCKET_CALLS + (("syscalls:sys_enter_sendfile64", "on_sendfile_enter"),)
-    defines = {"FAMILY_HTTP": 1}
+    defines = {"FAMILY_HTTP": 1, **REFUSED}
 
     def label(self, signal: str, label_id: int) -> str:
+        if signal == "http_refused":
+            return str(label_id)
         return STATUS_CLASSES.get(label_id, "") if signal == "http_status" else ""
