@@ -7,6 +7,8 @@ from urllib.parse import urlparse
 from urllib.request import urlopen
 
 from daemon import config
+from daemon.collectors.kernel.families import FAMILIES
+from daemon.collectors.kernel.helpers import missing
 from daemon.host import kernel_features as kf
 
 NAME = "doctor"
@@ -63,12 +65,28 @@ def check_redis(url: str) -> kf.Finding:
                           "start redis-server or fix the URL (the reference stack's caches need it)")
 
 
+def check_families() -> list[kf.Finding]:
+    """A line per probe family that calls BPF helpers beyond Linux 5.11: the collector's own
+    start-up check (helpers.py), so both say the same."""
+    found = []
+    for name, family in FAMILIES.items():
+        if not family.helpers:
+            continue
+        why = missing(family)
+        if why:
+            found.append(kf.Finding(f"{name} probes", False, *why))
+        else:
+            found.append(kf.Finding(f"{name} probes", True,
+                                    f"BPF helpers {', '.join(h.name for h in family.helpers)} present"))
+    return found
+
+
 def findings(args) -> list[kf.Finding]:
     found = [kf.check_privileges(), kf.check_btf(), kf.check_tracefs(), kf.check_headers(),
              kf.check_memlock()]
     if found[0].ok and found[2].ok:
         found += [kf.check_bcc_tracepoint(), kf.check_raw_tracepoint(), kf.check_uprobe(),
-                  kf.check_kprobe(), kf.check_fentry()]
+                  kf.check_kprobe(), kf.check_fentry(), *check_families()]
     else:
         found.append(kf.Finding("probes", False, "not tried: needs privileges and tracefs first",
                                 "fix the lines above, then run slotune doctor again", required=True))

@@ -124,7 +124,7 @@ class KernelCollector:
             else:
                 kept.add(tid)
         self._update_hints(kept)
-        for family in self.families:
+        for family in self.program.families:
             self._try(f"{family.name} refresh", None, family.refresh, self.program, self.targets, self.service_ids)
 
     def adopt(self, pid: int) -> None:

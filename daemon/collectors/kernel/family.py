@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from daemon.collectors.kernel.helpers import Helper
+
 
 class Signal(NamedTuple):
     """A Sample signal a family produces and the metric the exporter makes of it."""
@@ -39,6 +41,7 @@ class Family:
     signals: tuple[Signal, ...] = ()
     tracepoints: tuple[tuple[str, str], ...] = ()     # (tracepoint, fn)
     defines: dict[str, int] = {}                      # label ids and the like, as C #defines
+    helpers: tuple[Helper, ...] = ()                  # BPF helpers it calls that Linux 5.11 lacks
 
     @classmethod
     def attach_points(cls) -> list[str]:

@@ -1,6 +1,7 @@
-"""One BPF object holding every enabled probe family: builds its exact text
-(generated #defines, bpf/common.h, bpf/targeting.bpf.c, then each family's
-file), compiles it with BCC, attaches probes one by one (a failure is recorded,
+"""One BPF object holding every enabled probe family this kernel can run (a family
+calling a BPF helper the kernel lacks is left out, said in one line: helpers.py):
+builds its exact text (generated #defines, bpf/common.h, bpf/targeting.bpf.c,
+then each family's file), compiles it with BCC, attaches probes one by one (a failure is recorded,
 the rest go on) and reads the shared aggregation maps as cumulative values, and
 how many inserts into them were refused because they were full."""
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 import bpf as bpf_sources
 from daemon.collectors.kernel.families import SIGNAL_IDS
 from daemon.collectors.kernel.family import Attachment, Family
+from daemon.collectors.kernel.helpers import missing
 from daemon.collectors.kernel.maps import arrays
 from daemon.model.histogram import SLOTS, SUB, SUB_BITS
 
@@ -67,12 +69,16 @@ def program_text(families: list[Family], entries: dict[str, int] | None = None) 
 
 
 class Program:
-    """The loaded BPF object; attach() records each probe's outcome in `attached`."""
+    """The loaded BPF object; attach() records each probe's outcome in `attached`, and
+    `off` the families left out: name -> (why, fix)."""
 
     def __init__(self, families: list[Family], entries: dict[str, int] | None = None):
         from bcc import BPF  # imported here: `slotune probes --print` needs no BCC
-        self.families = families
-        self.text = program_text(families, entries)
+        self.off = {f.name: why for f in families if (why := missing(f))}
+        for name, (detail, fix) in self.off.items():
+            log.warning("%s probes: %s; fix: %s", name, detail, fix)
+        self.families = [f for f in families if f.name not in self.off]
+        self.text = program_text(self.families, entries)
         self.bpf = BPF(text=self.text.encode(), cflags=["-Wno-unused-function"])
         atexit.unregister(self.bpf.cleanup)   # close() detaches; nothing global keeps us alive
         release_freed_heap()
