@@ -180,13 +180,18 @@ def _envoy_decide(state: EnvoyState, obs: Observation):
 @dataclass(frozen=True)
 class SlotuneState:
     limit: float
+    ceiling: float = LIMIT_BOUNDS[1]   # the limit in force when tuning began: the operator's, given back when load drops
+    cut_p99: float = 0.0               # P99 of the window that began the current run of cuts; 0 once in budget
+    cuts: int = 0                      # cuts in that run, none of which lowered P99 below cut_p99
 
 
 def _slotune_init(settings):
-    return SlotuneState(_limit_init(settings))
+    limit = _limit_init(settings)
+    return SlotuneState(limit, ceiling=limit)
 
 
 TARGET = 0.8  # aim P99 at 80 % of the SLO
+MISREAD_CUTS = 2  # cuts in a row that left P99 where it was: the wait was not queueing at this limit
 
 
 def _slotune_decide(state: SlotuneState, obs: Observation):
@@ -197,18 +202,35 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
     budget = max(TARGET * obs.slo_s - service_tail, 0.25 * service_tail)  # queue wait the SLO allows
     binding = obs.rejected_rps > 0 or obs.in_flight >= 0.9 * state.limit
     slack = 0.1 * budget
-    if queue > budget:
+    cut_p99, cuts = 0.0, 0
+    if queue > budget and obs.in_flight < 0.5 * state.limit:
+        new, cut_p99, cuts = state.limit, state.cut_p99, state.cuts
+        why = (f"queue P99 {queue * 1e3:.0f} ms over its {budget * 1e3:.0f} ms budget, but {obs.in_flight:.0f} in flight "
+               f"is under half the limit: it is not this limit they wait behind")
+    elif queue > budget and state.cuts >= MISREAD_CUTS and obs.p99_s >= state.cut_p99:
+        # A slower host (others' CPU, a slow dependency) reads as queueing too; cuts that did
+        # not lower P99 show it was not: hold until P99 falls, not cut down to a few in flight.
+        new, cut_p99, cuts = state.limit, state.cut_p99, state.cuts
+        why = (f"{state.cuts} cuts did not lower P99 ({state.cut_p99 * 1e3:.0f} -> {obs.p99_s * 1e3:.0f} ms): "
+               f"its wait is not at this limit, held")
+    elif queue > budget:
         factor = clamp((budget + slack) / (queue + slack), 0.5, 0.95)
+        new = state.limit * factor
+        fell = obs.p99_s < state.cut_p99
+        cut_p99, cuts = (obs.p99_s, 1) if fell or not state.cuts else (state.cut_p99, state.cuts + 1)
         why = f"queue P99 {queue * 1e3:.0f} ms over its {budget * 1e3:.0f} ms budget: x{factor:.2f}"
     elif binding:
-        factor = clamp((budget + slack) / (queue + slack), 1.0, 1.1)
-        why = f"limit binding, queue P99 {queue * 1e3:.0f} ms within {budget * 1e3:.0f} ms: x{factor:.2f}"
+        new = state.limit * clamp((budget + slack) / (queue + slack), 1.0, 1.1)
+        why = f"limit binding, queue P99 {queue * 1e3:.0f} ms within {budget * 1e3:.0f} ms: x{new / state.limit:.2f}"
+    elif queue <= 0.5 * budget and state.limit < state.ceiling:
+        new = min(state.ceiling, max(state.limit * 1.1, state.limit + 1))   # +1: an integer limit of 2 grows too
+        why = (f"limit not binding, queue P99 {queue * 1e3:.0f} ms under half its {budget * 1e3:.0f} ms budget: "
+               f"back toward the {state.ceiling:.0f} it started from")
     else:
-        factor = 1.0
+        new = state.limit
         why = "limit not binding"
-    new = clamp(state.limit * factor, *LIMIT_BOUNDS)
-    return SlotuneState(new), Decision(changed(state.limit, new, "concurrency_limit"), why)
-
+    new = clamp(new, *LIMIT_BOUNDS)
+    return replace(state, limit=new, cut_p99=cut_p99, cuts=cuts), Decision(changed(state.limit, new, "concurrency_limit"), why)
 
 
 # The state's field that holds each setting (Policy.resync writes the value in force there).

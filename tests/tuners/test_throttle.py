@@ -75,6 +75,38 @@ def test_slotune_cuts_on_queue_over_budget_and_grows_when_binding():
     assert d.changes == {}                                           # not binding: hold
 
 
+def test_slotune_gives_the_limit_back_when_load_drops_but_never_past_where_it_started():
+    sl = P["slotune"]
+    s = sl.resync(sl.initial_state({"concurrency_limit": 40}), {"concurrency_limit": 20})   # a cut in force
+    quiet = obs(p99=0.1, queue_p99=0.01, in_flight=2)      # queue 10 ms, under half its 150 ms budget
+    s, d = sl.decide(s, quiet)
+    assert math.isclose(d.changes["concurrency_limit"], 22.0)
+    for _ in range(10):
+        s, d = sl.decide(s, quiet)
+    assert s.limit == 40.0 and d.changes == {}
+    s = sl.resync(s, {"concurrency_limit": 20})
+    _, d = sl.decide(s, obs(p99=0.2, queue_p99=0.1, in_flight=2))    # 100 ms: over half its 140 ms budget: hold
+    assert d.changes == {}
+
+
+def test_slotune_holds_once_two_cuts_left_p99_where_it_was_and_when_the_limit_is_not_what_queues():
+    """CPU contention reads as queueing (P99 above its no-load tail); two cuts that did not
+    lower P99 show the wait is not at this limit: hold, not cut to a few in flight."""
+    sl = P["slotune"]
+    s = sl.initial_state({"concurrency_limit": 40})
+    slow = dict(p99=0.4, queue_p99=0.2)            # over the 50 ms budget: x0.5
+    s, d = sl.decide(s, obs(**slow, in_flight=40))
+    s, d = sl.decide(s, obs(**slow, in_flight=20))
+    assert s.limit == 10.0 and s.cuts == 2
+    s, d = sl.decide(s, obs(**slow, in_flight=10))
+    assert d.changes == {} and "did not lower P99" in d.reason
+    s, d = sl.decide(s, obs(p99=0.35, queue_p99=0.2, in_flight=10))   # P99 fell: a cut helps again
+    assert d.changes == {"concurrency_limit": 5.0}
+    s = sl.initial_state({"concurrency_limit": 40})
+    _, d = sl.decide(s, obs(**slow, in_flight=12))   # 12 in flight under a limit of 40
+    assert d.changes == {} and "under half the limit" in d.reason
+
+
 def test_slotune_without_a_queue_measurement_steers_p99_to_80_percent_of_the_slo():
     sl = P["slotune"]
     s = sl.initial_state({"concurrency_limit": 40})
