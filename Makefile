@@ -7,7 +7,7 @@ setup:
 	bash scripts/setup.sh
 
 test: setup
-	$(PY) -m pytest -ra
+	$(PY) -m pytest -ra --durations=15
 
 # The agent stack under a load step, then the inference server in LLM mode under a
 # streaming one (continuous batching, TTFT/TPOT SLOs): about 3 + 3 minutes.
