@@ -2,7 +2,9 @@
 namespace), what slotune recognises of each (a /metrics or stub_status page that
 matches a profile, probed over loopback with a short timeout, or a known process
 name), the probe families that will see it, and a starter slotune.toml for the
-ones picked, which `slotune run` loads as it is."""
+ones picked, which `slotune run` loads as it is. For a product whose own config
+says where its limits are set (HAProxy's stats socket and servers), that config
+is read and the service's control, throttle and bounds are written whole."""
 from __future__ import annotations
 
 import http.client
@@ -17,13 +19,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from daemon import config, profiles
 from daemon.collectors.kernel.targeting import command_line, listening_table, netns_of, socket_inodes
 from daemon.collectors.service_metrics import parse_stub_status
+from daemon.control.tuner_specs import SPECS
 from daemon.host.http_exchange import exchange
+from daemon.profiles import haproxy_config
 
 NAME = "discover"
 HELP = "list this host's listening services, what slotune recognises of each, and write a starter config"
 EXAMPLES = """  slotune discover                               # the table, then a starter config for what it recognised
   slotune discover --pick vllm,haproxy --write /etc/slotune/slotune.toml
   slotune discover --pick 8000,8404 --write slotune.toml   # by port
+  slotune discover --pick 8080 --slo-ms 800 --write slotune.toml   # HAProxy's frontend, throttled to P99 800 ms
   slotune discover --timeout 0.5 --no-probe       # names and ports only: nothing is sent to any port
 """
 PROBE_PATHS = ("/metrics", "/stats/prometheus", "/stub_status", "/nginx_status", "/basic_status")
@@ -32,6 +37,9 @@ MAX_BYTES = 1 << 20
 NOT_HTTP = {"redis-server": "redis", "postgres": "postgres", "mysqld": "mysql", "mariadbd": "mysql",
             "memcached": "memcached", "sshd": "ssh"}
 ALWAYS = ("runqueue", "offcpu", "tcp", "exec")    # the probe families that see any process by its port
+# profile -> how its own config names the concurrency limit of a port: (pid, port) -> (Admission | None, hints)
+OWN_CONFIG = {"haproxy": haproxy_config.admission_of}
+ADMISSION = "concurrency_limit"       # the setting an Admission is
 
 
 @dataclass
@@ -47,6 +55,8 @@ class Listener:
     series: list[tuple[str, dict]] = field(default_factory=list)   # (family, labels) of its metrics
     called: str = ""     # what its own metrics call it
     name: str = ""
+    admission: haproxy_config.Admission | None = None    # where its concurrency limit is set, from its own config
+    hints: list[str] = field(default_factory=list)       # what of its own config could not be read, and why
 
     @property
     def probes(self) -> tuple[str, ...]:
@@ -63,6 +73,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--metrics-path", action="append", default=[], metavar="PATH",
                         help=f"also probe this path (probed: {', '.join(PROBE_PATHS)}); e.g. where haproxy.cfg "
                              "serves its prometheus-exporter")
+    parser.add_argument("--slo-ms", type=float, default=500.0, metavar="MS",
+                        help="the P99 latency objective written for each service, in ms (default 500)")
 
 
 def listeners() -> list[Listener]:
@@ -169,9 +181,11 @@ def table(found: list[Listener]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
-def starter(picked: list[Listener]) -> str:
+def starter(picked: list[Listener], slo_ms: float = 500.0) -> str:
     """A slotune.toml that `slotune run` accepts as it is: each service found by its port,
-    read through its profile; how to let slotune tune it is left in comments."""
+    read through its profile, with its P99 objective; tuned by the throttle where its own
+    config says where its concurrency limit is set, else how to let slotune tune it is
+    left in comments."""
     out = ["# Written by `slotune discover`. Each service is found by its port: anyone may listen",
            "# there while it is down, so add systemd_unit or cgroup (README, Safety). Keys: docs/daemon.md;",
            "# what slotune reads of each profile and can push: docs/targets.md.", ""]
@@ -183,10 +197,11 @@ def starter(picked: list[Listener]) -> str:
         if s.metrics_url:
             out.append(f'metrics_url = "{s.metrics_url}"')
         out += [f'{key} = "{fam}"' for key, fam in _own_families(s, p).items()]
-        out.append("slo_p99_ms = 500.0")
+        out.append(f"slo_p99_ms = {slo_ms:g}")
         if p is not None:
-            out += [f"# {key} = 500.0" for slo, key in profiles.SLO_KEYS.items() if slo != "p99" and slo in p.slos]
-            out += _control_hint(s, p)
+            out += [f"# {key} = {slo_ms:g}" for slo, key in profiles.SLO_KEYS.items() if slo != "p99" and slo in p.slos]
+            out += [f"# {s.process}'s config: {hint}" for hint in s.hints]
+            out += _control(s, p) if s.admission is not None else _control_hint(s, p)
         out.append("")
     return "\n".join(out)
 
@@ -200,6 +215,25 @@ def _own_families(s: Listener, p: profiles.Profile | None) -> dict[str, str]:
             if fam:
                 out[key] = fam
     return out
+
+
+def _control(s: Listener, p: profiles.Profile) -> list[str]:
+    """[control], the throttle and the bounds of its concurrency limit, from where its own config sets it."""
+    a, setting = s.admission, p.setting(ADMISSION)
+    others = [x for x in p.settings or () if x.live and x.name != ADMISSION]
+    lines = [f"[services.{s.name}.control]", f'kind = "{setting.kind}"', f'address = "{a.socket.address}"']
+    if a.socket.level != "admin":
+        lines.append(f"# its stats socket is at level {a.socket.level}: `set maxconn` needs level admin; add "
+                     "`level admin` to that `stats socket` line and reload it, or slotune's pushes are refused")
+    lines += [f"[services.{s.name}.control.targets]", f'{ADMISSION} = "{a.target}"',
+              *(f'# {x.name} = "{_filled(x.target, s)}"' for x in others),
+              f"[services.{s.name}.tuners.throttle]",
+              f"interval_s = {SPECS['throttle'].module.INTERVAL_S:g}    # the throttle's own step",
+              f"[services.{s.name}.settings.{ADMISSION}]",
+              "min = 1",
+              f"max = {a.in_force}    # as its config gives it: the throttle gives it back when the load drops",
+              f"max_step = {max(1, a.in_force // 4)}", "integer = true"]
+    return lines
 
 
 def _control_hint(s: Listener, p: profiles.Profile) -> list[str]:
@@ -227,6 +261,16 @@ def _filled(target: str, s: Listener) -> str:
     return target
 
 
+def _share_metrics(found: list[Listener]) -> None:
+    """A port whose own config says its limit is set there, of a process that serves its metrics
+    on another port, reads them there (HAProxy's proxying frontend, its exporter on a frontend of its own)."""
+    for s in found:
+        if s.admission is not None and not s.metrics_url:
+            sibling = next((o for o in found if o.pid == s.pid and o.profile == s.profile and o.metrics_url), None)
+            if sibling is not None:
+                s.metrics_url, s.series = sibling.metrics_url, sibling.series
+
+
 def run(args) -> int:
     found, own = listeners(), netns_of(os.getpid())
     for listener in found:
@@ -234,6 +278,10 @@ def run(args) -> int:
             probe(listener, args.timeout, (*args.metrics_path, *PROBE_PATHS))
         elif (by_name := by_process(listener)) is not None:
             listener.profile = by_name.name
+    for s in found:
+        if s.netns == own and (reader := OWN_CONFIG.get(s.profile)) is not None:
+            s.admission, s.hints = reader(s.pid, s.port)
+    _share_metrics(found)
     name_them(found)
     print(table(found))
     wanted = [n for n in args.pick.split(",") if n]
@@ -248,7 +296,7 @@ def run(args) -> int:
     if not picked:
         print("\nnothing recognised to write a config for: pick services by name or port with --pick", file=sys.stderr)
         return 1
-    text = starter(picked)
+    text = starter(picked, args.slo_ms)
     if not args.write:
         print("\n" + text)
         return 0
