@@ -3,8 +3,8 @@
 litellm_request_total_latency_metric (seconds, the whole request through the proxy),
 litellm_llm_api_time_to_first_token_metric, and the per-deployment totals
 litellm_deployment_total_requests / _failure_responses. A key's max_parallel_requests
-is set live with `POST /key/update`; its rpm_limit is per minute, and slotune's rate
-limit per second, so it is not offered until the actuator converts it."""
+and rpm_limit are set live with `POST /key/update` (rpm_limit is per minute; the
+actuator converts slotune's per-second rate)."""
 from daemon.profiles import Counter, Histogram, Profile, Setting
 
 PROFILE = Profile(
@@ -16,7 +16,8 @@ PROFILE = Profile(
         "requests_total": Counter("litellm_deployment_total_requests_total"),
         "errors_total": Counter("litellm_deployment_failure_responses_total"),
     },
-    settings=(Setting("concurrency_limit", "litellm", "max_parallel_requests"),),
+    settings=(Setting("concurrency_limit", "litellm", "max_parallel_requests"),
+              Setting("rate_limit_rps", "litellm", "rpm_limit")),
     slos=("p99", "ttft"),
     processes=("litellm",),
     control=('url = "http://127.0.0.1:4000"   # the proxy', 'key_file = "/etc/slotune/litellm.key"   # the key it tunes'),

@@ -48,10 +48,19 @@ def test_key_update_read_back_from_key_info(http_stand_in, tmp_path):
     litellm = LitellmStandIn()
     s = http_stand_in(litellm)
     a = _actuator(s.url, tmp_path)
-    assert a.current() == {"rate_limit_rps": 600.0}
-    a.push({"concurrency_limit": 8.0, "rate_limit_rps": 300.0})
+    assert a.current() == {"rate_limit_rps": 10.0}                 # 600 a minute
+    a.push({"concurrency_limit": 8.0, "rate_limit_rps": 5.0})
     assert litellm.updates == [{"max_parallel_requests": 8, "rpm_limit": 300, "key": VIRTUAL_KEY}]
-    assert a.current() == {"concurrency_limit": 8.0, "rate_limit_rps": 300.0}
+    assert a.current() == {"concurrency_limit": 8.0, "rate_limit_rps": 5.0}
+
+
+def test_a_rate_goes_out_as_a_whole_number_a_minute_and_the_rounding_is_not_a_failed_read_back(http_stand_in, tmp_path):
+    litellm = LitellmStandIn()
+    a = _actuator(http_stand_in(litellm).url, tmp_path)
+    a.push({"rate_limit_rps": 2.509})                              # 150.54 a minute
+    assert litellm.updates[-1]["rpm_limit"] == 151 and a.current()["rate_limit_rps"] == 151 / 60
+    a.push({"rate_limit_rps": 0.001})                              # never 0 a minute: that would stop the key
+    assert litellm.updates[-1]["rpm_limit"] == 1
 
 
 def test_a_limit_the_proxy_did_not_keep_is_refused_and_set_back_to_unset(http_stand_in, tmp_path):

@@ -3,7 +3,9 @@
 admin (bearer master key from token_file), read back from `GET
 /key/info?key=<the key>` ("info"); a push that does not read back is set back
 to the values from before (a limit that was unset goes back to null). The
-virtual key is read from key_file and never appears in a message.
+virtual key is read from key_file and never appears in a message. rpm_limit and
+tpm_limit count per minute and slotune's rates per second: a rate goes out x60,
+rounded to a whole number per minute, and reads back /60.
 Endpoints: docs.litellm.ai/docs/proxy/virtual_keys ("Update Key", "Key Info") and the
 proxy's API reference for /key/update and /key/info."""
 from __future__ import annotations
@@ -16,6 +18,16 @@ from daemon.control.actuators.http_json import call_json
 from daemon.control.actuators.safe_files import read_token
 
 LIMITS = ("max_parallel_requests", "rpm_limit", "tpm_limit")
+PER_MINUTE = ("rpm_limit", "tpm_limit")
+
+
+def _wire(limit: str, value: float) -> float:
+    """A setting's value as the proxy holds it: a per-second rate as a whole number per minute (at least 1)."""
+    return float(max(1, round(value * 60))) if limit in PER_MINUTE else value
+
+
+def _setting(limit: str, value: float) -> float:
+    return value / 60 if limit in PER_MINUTE else value
 
 
 def target_error(target: str) -> str | None:
@@ -50,9 +62,8 @@ class LitellmActuator:
         return info
 
     def current(self) -> dict[str, float]:
-        info = self._info()
-        return as_settings(numeric_settings({k: info.get(k) for k in LIMITS}, f"GET {self.url}/key/info"),
-                           self.targets)
+        info = numeric_settings({k: self._info().get(k) for k in LIMITS}, f"GET {self.url}/key/info")
+        return as_settings({k: _setting(k, v) for k, v in info.items()}, self.targets)
 
     def push(self, changes: dict[str, float]) -> None:
         wanted = on_service(changes, self.targets)
@@ -60,8 +71,10 @@ class LitellmActuator:
         if unknown:
             raise ActuatorError(f"setting {unknown[0]} is not a LiteLLM key limit ({', '.join(LIMITS)}): map it in "
                                 "[control.targets]; nothing was updated", unreachable=False)
+        wire = {k: _wire(k, v) for k, v in wanted.items()}
+        expected = {s: _setting(self.targets.get(s, s), wire[self.targets.get(s, s)]) for s in changes}
         before = self._info()
-        verified(changes, lambda: self._update({k: plain(v) for k, v in wanted.items()}), self.current,
+        verified(expected, lambda: self._update({k: plain(v) for k, v in wire.items()}), self.current,
                  lambda: self._update({k: before.get(k) for k in wanted}), f"GET {self.url}/key/info")
 
     def _update(self, limits: dict) -> None:
