@@ -40,13 +40,30 @@ TARGETING_TRACEPOINTS = (("sched:sched_process_fork", "on_process_fork"),
                          ("sched:sched_process_exit", "on_process_exit"))
 
 
-def release_freed_heap() -> None:
-    """Give the heap the compiler freed back to the system (glibc keeps it, about 20 MiB
-    of the daemon's RSS for its whole life); a no-op where libc has no malloc_trim."""
+# The compiler BCC links (its code is ~70 MiB of the daemon's RSS once a compile has run it).
+COMPILER_LIBRARIES = ("libLLVM", "libclang")
+MADV_PAGEOUT = 21   # Linux >= 5.4: reclaim these pages now; touched again, they are read back
+
+
+def release_compiler_memory() -> None:
+    """After the one compile: give the heap the compiler freed back to the system (glibc
+    keeps it, about 20 MiB for the daemon's whole life) and page out the compiler's
+    read-only mappings (code and constants, read back from the library file should it
+    ever run again; nothing written is touched). Each step a no-op where libc or the
+    kernel lacks it."""
+    libc = ctypes.CDLL(None, use_errno=True)
     try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
+        libc.malloc_trim(0)
+    except AttributeError:
         pass
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) < 6 or "w" in fields[1] or not any(lib in fields[5] for lib in COMPILER_LIBRARIES):
+                continue
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            libc.madvise(start, end - start, MADV_PAGEOUT)   # EINVAL before 5.4: left as it is
 
 
 def program_text(families: list[Family], entries: dict[str, int] | None = None) -> str:
@@ -81,7 +98,7 @@ class Program:
         self.text = program_text(self.families, entries)
         self.bpf = BPF(text=self.text.encode(), cflags=["-Wno-unused-function"])
         atexit.unregister(self.bpf.cleanup)   # close() detaches; nothing global keeps us alive
-        release_freed_heap()
+        release_compiler_memory()
         self.attached: dict[str, bool] = {}
         self.attachments: dict[str, Attachment] = {}   # probe -> what attach() was given
         self.errors: dict[str, str] = {}
