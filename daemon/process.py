@@ -5,6 +5,7 @@ found for /metrics and /status; it reloads its config on SIGHUP and detaches
 every probe on SIGTERM."""
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import signal
@@ -279,9 +280,11 @@ class Daemon:
                 "p99_s": _finite(w.p(0.99)) if w else None,
                 "slo_ttft_p99_s": svc.spec.slo_ttft_p99_s or None,
                 "slo_tpot_p99_s": svc.spec.slo_tpot_p99_s or None,
-                "ttft_p99_s": _finite(w.ttft.quantile(0.99)) if w and w.ttft is not None and w.ttft.count else None,
-                "tpot_p99_s": _finite(w.tpot.quantile(0.99)) if w and w.tpot is not None and w.tpot.count else None,
+                "ttft_p99_s": _p99(w.ttft) if w else None,
+                "tpot_p99_s": _p99(w.tpot) if w else None,
                 "rate_rps": w.rate if w else 0.0,
+                "rtt_mean_s": _mean(self._rtt_to(svc.name, interval)),
+                "runqueue_p99_s": _p99(w.family("runqueue_wait")) if w else None,
                 "goodput_rps": w.goodput if w else 0.0,
                 "errors": w.errors if w else 0.0,
                 "latency_source": w.latency_source if w else "",
@@ -294,5 +297,27 @@ class Daemon:
                 "collectors": {c.name: c.up for c in self.collectors}}
 
 
+    def _rtt_to(self, name: str, interval: Interval):
+        """The smoothed TCP RTT of the connections to a service. Where a watched caller names
+        it in its [peers], from the caller's sockets: a request's round trip, as the reply
+        carries its ACK (a Redis GET). Else from the service's own sockets, whose replies'
+        ACKs wait for the client's next request or its delayed-ACK timer (up to 40 ms)."""
+        seen = [w.histograms.get(("tcp_rtt", name)) for other in self.cfg.services
+                if (w := interval.latest(other.name)) is not None]
+        callers = [h for h in seen if h is not None]
+        if callers:
+            return functools.reduce(lambda a, b: a.plus(b), callers)
+        own = interval.latest(name)
+        return own.family("tcp_rtt") if own is not None else None
+
+
 def _finite(v: float) -> float | None:
     return v if math.isfinite(v) else None
+
+
+def _mean(h) -> float | None:
+    return h.mean() if h is not None and h.count else None
+
+
+def _p99(h) -> float | None:
+    return _finite(h.quantile(0.99)) if h is not None and h.count else None

@@ -1,6 +1,6 @@
 """`slotune status`: the running daemon's per-service table (P99 vs SLO, TTFT
-and TPOT vs theirs where declared, top cause, settings, what moved TTFT and TPOT, last decisions),
-refreshed in place in a terminal."""
+and TPOT vs theirs where declared, TCP RTT and run-queue wait from the kernel, top cause,
+settings, what moved TTFT and TPOT, last decisions), refreshed in place in a terminal."""
 from __future__ import annotations
 
 import json
@@ -31,6 +31,13 @@ def _ms(v) -> str:
     return "-" if v is None else f"{v * 1e3:.0f}"
 
 
+def _fine_ms(v) -> str:
+    """A kernel-timed wait in ms, small ones (loopback RTT, run-queue) to 0.01 ms."""
+    if v is None:
+        return "-"
+    return f"{v * 1e3:.2f}" if v < 0.01 else f"{v * 1e3:.0f}"
+
+
 def _over(value, objective) -> str:
     return "!" if value is not None and objective and value > objective else " "
 
@@ -49,7 +56,8 @@ def _tokens(s: dict) -> str:
 def render(status: dict) -> str:
     tokens = any(s.get("slo_ttft_p99_s") or s.get("slo_tpot_p99_s") for s in status["services"].values())
     token_head = f" {'TTFT/TPOT P99/SLO ms':<24}" if tokens else ""
-    rows = [f"{'service':<12} {'P50 ms':>7} {'P99 ms':>7} {'SLO ms':>7} {'req/s':>7}{token_head}  {'top cause':<28} settings"]
+    rows = [f"{'service':<12} {'P50 ms':>7} {'P99 ms':>7} {'SLO ms':>7} {'req/s':>7} {'RTT ms':>7} {'runq ms':>7}"
+            f"{token_head}  {'top cause':<28} settings"]
     for name, s in status["services"].items():
         flag = _over(s["p99_s"], s["slo_p99_s"])
         attribution = s.get("attribution") or {}
@@ -59,7 +67,8 @@ def render(status: dict) -> str:
         if not s["control_reachable"]:
             settings += " (control API down)"
         rows.append(f"{name:<12} {_ms(s['p50_s']):>7} {_ms(s['p99_s']):>6}{flag} {s['slo_p99_s'] * 1e3:>7.0f} "
-                    f"{s['rate_rps']:>7.1f}{f' {_tokens(s):<24}' if tokens else ''}  {cause[:28]:<28} {settings}")
+                    f"{s['rate_rps']:>7.1f} {_fine_ms(s.get('rtt_mean_s')):>7} {_fine_ms(s.get('runqueue_p99_s')):>7}"
+                    f"{f' {_tokens(s):<24}' if tokens else ''}  {cause[:28]:<28} {settings}")
     verdicts = [t["verdict"] for s in status["services"].values()
                 for t in ((s.get("attribution") or {}).get("tokens") or {}).values()]
     if verdicts:

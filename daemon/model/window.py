@@ -57,6 +57,10 @@ class Window:
     def p(self, q: float) -> float:
         return self.latency.quantile(q) if self.latency is not None else math.nan
 
+    def family(self, name: str) -> Histogram | BucketHistogram | None:
+        """Every series of one histogram family merged ("tcp_rtt" over its peers), or None."""
+        return _family(self.histograms, name)
+
     @property
     def slo_miss_ratio(self) -> float:
         return self.latency.fraction_above(self.slo_p99_s) if self.latency is not None else 0.0
