@@ -232,7 +232,8 @@ def _control(s: Listener, p: profiles.Profile) -> list[str]:
               f"[services.{s.name}.settings.{ADMISSION}]",
               "min = 1",
               f"max = {a.in_force}    # as its config gives it: the throttle gives it back when the load drops",
-              f"max_step = {max(1, a.in_force // 4)}", "integer = true"]
+              f"max_step = {max(1, a.in_force // 2)}    # the throttle's largest cut (x0.5) in one step",
+              "integer = true"]
     return lines
 
 
