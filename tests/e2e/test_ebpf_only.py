@@ -7,7 +7,9 @@ checked against a reference of its own:
   connections against Redis's INFO) and a run-queue wait for both;
 - a real nginx that refuses part of its requests (limit_conn's 503, a 429): the
   window the throttle reads counts them as rejected, not as fast answers, by
-  nginx's own access log, and its latency holds the served requests only."""
+  nginx's own access log, and its latency holds the served requests only
+  (the kernel collector and the window in this process: the count is over the
+  whole load, which the daemon's 1 s windows would split)."""
 import asyncio
 import os
 import shutil
@@ -23,6 +25,8 @@ import pytest
 import redis
 
 from daemon.collectors.kernel import KernelCollector
+from daemon.config import ServiceConf
+from daemon.control.observations import Inputs, for_throttle
 from daemon.model import window
 from daemon.model.service import ServiceSpec
 from tests.actuators.real_servers import _free_ports, _wait_port, nginx
@@ -209,8 +213,9 @@ def test_refusals_of_an_ebpf_only_nginx_are_rejected_not_fast_answers(tmp_path, 
             collector.start([spec])
             assert collector.up, collector.start_error
             collected(collector)
+            start = time.monotonic()
             statuses = asyncio.run(_refused_load(ng.port))
-            w = window.build(spec, 0.0, 1.0, [collected(collector)["web"]])
+            w = window.build(spec, start, time.monotonic(), [collected(collector)["web"]])
         finally:
             collector.close()
         logged = Counter(ng.statuses())
@@ -221,3 +226,6 @@ def test_refusals_of_an_ebpf_only_nginx_are_rejected_not_fast_answers(tmp_path, 
     assert w.rejected == logged[503] + logged[429]
     assert w.requests == logged[200] + logged[500] and w.errors == logged[500]
     assert abs(w.p(0.5) - DELAY_S) <= 0.1 * DELAY_S                  # the served /slow ones, not the refusals
+    seen = for_throttle(Inputs(w.end, [w], [w], ServiceConf(spec), {}, w.seconds, lambda *_: None))
+    assert seen.rejected_rps * w.seconds == pytest.approx(w.rejected)
+    assert seen.arrival_rps * w.seconds == pytest.approx(len(statuses)) and seen.p99_s >= DELAY_S
