@@ -31,6 +31,7 @@ class Observation:
     in_flight: float      # peak requests in flight during the window
     queue_p99_s: float | None = None  # P99 of the time admitted requests waited in the service's
     #                                   queue; None when unmeasured (slotune then treats all of P99 as queue)
+    degrade_room: bool = False  # a dimmer beside it can still degrade more answers (its ratio is under 1)
 
 
 def _idle(obs: Observation) -> bool:
@@ -207,6 +208,11 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
         new, cut_p99, cuts = state.limit, state.cut_p99, state.cuts
         why = (f"queue P99 {queue * 1e3:.0f} ms over its {budget * 1e3:.0f} ms budget, but {obs.in_flight:.0f} in flight "
                f"is under half the limit: it is not this limit they wait behind")
+    elif queue > budget and obs.degrade_room and obs.p99_s <= obs.slo_s:
+        # Degrade first, refuse only when degrading everything is not enough: the dimmer
+        # answers the same windows and reaches 1 within a few of them when it cannot hold P99.
+        new, cut_p99, cuts = state.limit, state.cut_p99, state.cuts
+        why = f"queue P99 {queue * 1e3:.0f} ms over its {budget * 1e3:.0f} ms budget: the dimmer can still degrade, it goes first"
     elif queue > budget and state.cuts >= MISREAD_CUTS and obs.p99_s >= state.cut_p99:
         # A slower host (others' CPU, a slow dependency) reads as queueing too; cuts that did
         # not lower P99 show it was not: hold until P99 falls, not cut down to a few in flight.

@@ -110,7 +110,7 @@ def run(policy, model: ServiceModel, arrivals: np.ndarray, slowdown: np.ndarray,
             obs = throttle.Observation(now=float(tick), slo_s=model.slo_s, p50_s=p50, p90_s=p90, p99_s=p99,
                                        arrival_rps=offered[w], completed_rps=float(lat.size), goodput_rps=good[w],
                                        rejected_rps=rejected[w], in_flight=max(peak[w], len(in_flight)),
-                                       queue_p99_s=queue_p99)
+                                       queue_p99_s=queue_p99, degrade_room=dimmer is not None and ratio < 1.0)
             state, decision = policy.decide(state, obs)
             limit = decision.changes.get("concurrency_limit", limit)
             rate = decision.changes.get("rate_limit_rps", rate)

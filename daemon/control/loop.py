@@ -139,7 +139,8 @@ class ControlLoop:
         now, spec = interval.end, SPECS[tconf.name]
         inputs = observations.Inputs(now, list(recent.windows), list(interval.windows(sc.conf.name)), sc.conf,
                                      spec.option_values(tconf.options), tconf.interval_s, self.baseline_for,
-                                     recent)
+                                     recent, dict(sc.settings),
+                                     frozenset(t.name for t in sc.conf.tuners) - sc.stopped)
         obs = spec.observe(inputs)
         if obs is None:
             return []

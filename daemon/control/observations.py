@@ -7,7 +7,7 @@ them, and the settings a budget decision means."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, Mapping
 
@@ -33,6 +33,8 @@ class Inputs:
     interval_s: float
     baseline_for: Callable[[str, float, float], drift.Baseline | None]   # (service, since, until)
     recent_span: Span | None = None   # `recent` merged by the caller (the loop shares it with its guards)
+    settings: Mapping[str, float] = field(default_factory=dict)   # the service's settings in force
+    running: frozenset[str] = frozenset()   # the service's tuners still deciding (none stopped)
 
     @cached_property
     def span(self) -> Span:
@@ -99,7 +101,8 @@ def for_throttle(i: Inputs) -> throttle.Observation:
         arrival_rps=sum(w.requests + w.rejected for w in windows) / secs, completed_rps=completed,
         goodput_rps=sum(w.goodput * w.seconds for w in windows) / secs,
         rejected_rps=sum(w.rejected for w in windows) / secs, in_flight=float(in_flight),
-        queue_p99_s=queue_p99(windows, i.history, hist))
+        queue_p99_s=queue_p99(windows, i.history, hist),
+        degrade_room="degrade" in i.running and i.settings.get(degrade.SETTING, 1.0) < 1.0)
 
 
 def for_degrade(i: Inputs) -> degrade.Observation:

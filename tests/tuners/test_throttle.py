@@ -1,5 +1,6 @@
 """Throttle policies pinned on hand-computed cases, plus the closed-loop step test."""
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -105,6 +106,18 @@ def test_slotune_holds_once_two_cuts_left_p99_where_it_was_and_when_the_limit_is
     s = sl.initial_state({"concurrency_limit": 40})
     _, d = sl.decide(s, obs(**slow, in_flight=12))   # 12 in flight under a limit of 40
     assert d.changes == {} and "under half the limit" in d.reason
+
+
+def test_slotune_lets_a_dimmer_with_room_go_first_while_p99_is_within_the_slo():
+    sl = P["slotune"]
+    s = sl.initial_state({"concurrency_limit": 40})
+    over_budget = dict(p99=0.28, queue_p99=0.2, in_flight=40)     # budget 50 ms, P99 under the 300 ms SLO
+    _, d = sl.decide(s, replace(obs(**over_budget), degrade_room=True))
+    assert d.changes == {} and "dimmer" in d.reason
+    _, d = sl.decide(s, obs(**over_budget))                        # no dimmer, or it degrades all already
+    assert d.changes["concurrency_limit"] < 40
+    _, d = sl.decide(s, replace(obs(p99=0.4, queue_p99=0.2, in_flight=40), degrade_room=True))   # over the SLO: cut
+    assert d.changes["concurrency_limit"] < 40
 
 
 def test_slotune_without_a_queue_measurement_steers_p99_to_80_percent_of_the_slo():
