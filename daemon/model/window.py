@@ -1,8 +1,9 @@
 """One time-aligned record per service per collection interval: every
 collector's Sample for that service merged, plus the service's end-to-end
-latency taken from its own histogram when configured, else from eBPF, and
-for a service that streams tokens its time to first token (TTFT) and time per
-output token (TPOT) the same way. A Window is built once and never changed
+latency taken from its own histogram when configured, else from eBPF (whose
+429 and 503 answers are refusals, not fast answers), and for a service that
+streams tokens its time to first token (TTFT) and time per output token (TPOT)
+the same way. A Window is built once and never changed
 after: later stages share it."""
 from __future__ import annotations
 
@@ -100,18 +101,22 @@ def _family(histograms: dict, name: str):
 
 
 
-def _ebpf_served(histograms: dict, counters: dict):
+def _served(hist, refused):
+    """A kernel HTTP histogram without the refusals (429, 503), which http_refused times
+    again: the same values in the same buckets, so taking them out is exact. A refusal is
+    one short answer, so its first body byte is its last write and TTFT loses them alike
+    (Histogram.minus keeps the whole when a bucket would go negative)."""
+    return hist if hist is None or refused is None else hist.minus(refused)
+
+
+def _ebpf_served(histograms: dict, counters: dict, refused):
     """(latency, "ebpf", errors, rejected) from the kernel's HTTP signals: a 429 or 503 is
     a refusal, as a service's own outcome="rejected" is, so it leaves the latency (a fast
     "go away" would pull P99 down as the service sheds load) and the 5xx errors."""
-    latency = histograms[EBPF_LATENCY]
-    refused = _family(histograms, EBPF_REFUSED)
-    if refused is None:
-        return latency, "ebpf", counters.get(EBPF_ERRORS, 0.0), 0.0
     refused_5xx = histograms.get(EBPF_REFUSED_5XX)
     errors = counters.get(EBPF_ERRORS, 0.0) - (refused_5xx.count if refused_5xx is not None else 0)
-    # the refused ones are the same values in the same buckets: taking them out is exact
-    return latency.minus(refused), "ebpf", max(errors, 0.0), float(refused.count)
+    return (_served(histograms[EBPF_LATENCY], refused), "ebpf", max(errors, 0.0),
+            float(refused.count) if refused is not None else 0.0)
 
 
 def build(spec: ServiceSpec, start: float, end: float, samples: list[Sample]) -> Window:
@@ -127,6 +132,7 @@ def build(spec: ServiceSpec, start: float, end: float, samples: list[Sample]) ->
             counters[key] = counters.get(key, 0.0) + v
         gauges.update(s.gauges)
     latency, source, errors, rejected = None, "", 0.0, 0.0
+    refused = _family(histograms, EBPF_REFUSED)
     if latency_metric:
         by_outcome = [(labels.value(label, "outcome"), h) for (fam, label), h in histograms.items()
                       if fam == latency_metric]
@@ -136,8 +142,9 @@ def build(spec: ServiceSpec, start: float, end: float, samples: list[Sample]) ->
         errors = sum(h.count for outcome, h in by_outcome if outcome in ERROR_OUTCOMES)
         rejected = sum(h.count for outcome, h in by_outcome if outcome in REJECTED_OUTCOMES)
     if latency is None and EBPF_LATENCY in histograms:
-        latency, source, errors, rejected = _ebpf_served(histograms, counters)
-    ttft = (_family(histograms, spec.ttft_metric) if spec.ttft_metric else None) or histograms.get(EBPF_TTFT)
+        latency, source, errors, rejected = _ebpf_served(histograms, counters, refused)
+    ttft = ((_family(histograms, spec.ttft_metric) if spec.ttft_metric else None)
+            or _served(histograms.get(EBPF_TTFT), refused))
     tpot = (_family(histograms, spec.tpot_metric) if spec.tpot_metric else None) or histograms.get(EBPF_TPOT)
     return Window(spec.name, start, end, spec.slo_p99_s, latency, source, errors, rejected, histograms, counters,
                   gauges, spec.slo_ttft_p99_s, spec.slo_tpot_p99_s, ttft, tpot)

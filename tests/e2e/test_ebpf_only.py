@@ -230,6 +230,7 @@ def test_refusals_of_an_ebpf_only_nginx_are_rejected_not_fast_answers(tmp_path, 
     assert w.rejected == logged[503] + logged[429]
     assert w.requests == logged[200] + logged[500] and w.errors == logged[500]
     assert abs(w.p(0.5) - DELAY_S) <= 0.1 * DELAY_S                  # the served /slow ones, not the refusals
+    assert w.ttft.count == w.requests                                 # its first bytes too
     seen = for_throttle(Inputs(w.end, [w], [w], ServiceConf(spec), {}, w.seconds, lambda *_: None))
     assert seen.rejected_rps * w.seconds == pytest.approx(w.rejected)
     assert seen.arrival_rps * w.seconds == pytest.approx(len(statuses)) and seen.p99_s >= DELAY_S
