@@ -6,7 +6,8 @@ adds only the [daemon] table. A load step past the server's capacity makes the
 throttle lower HAProxy's server maxconn through the runtime API (read independently
 with `show stat`: HAProxy 2.6's `show servers state` has no maxconn column) and P99
 comes back under the SLO; once the load drops under the capacity, the throttle
-raises maxconn back toward the limit HAProxy started with. The throttle observes
+raises maxconn back toward the limit HAProxy started with (LOW_S: in 6 runs on
+2026-12-01 the first raise came 2 to 9 s after the drop). The throttle observes
 HAProxy itself: the latency from the kernel (the http probe family on HAProxy's
 frontend port: its exporter keeps no histogram), the requests in flight from its
 exporter (profile haproxy: backend current sessions, queued ones included).
@@ -109,7 +110,9 @@ def test_load_step_lowers_haproxy_maxconn_and_brings_p99_back(tmp_path, daemon_f
     after = [s for t, s, _ in trace if t >= HIGH_S]
     # at least as far as its largest cut (x0.5, rounded up) takes it in one window
     assert min(step) <= math.ceil(start / 2), f"the throttle never lowered HAProxy's maxconn: {step}"
-    assert max(after) > min(step), f"the throttle did not raise maxconn again after the load dropped: {after}"
+    # above where the step left it (so above its lowest too): the throttle gives the limit back, x1.1 or +1
+    # a window while it is not binding with the queue under half its budget
+    assert max(after) > step[-1], f"maxconn not raised again after the load dropped (from {step[-1]}): {after}"
     assert max(after) <= start, f"the throttle raised maxconn above the {start} HAProxy started with: {after}"
     pushed = [e for e in d.audit() if e["outcome"] == "pushed"]
     assert pushed and all(e["setting"] == "concurrency_limit" and 1 <= e["new"] <= start for e in pushed)
