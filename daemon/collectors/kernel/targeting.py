@@ -89,12 +89,19 @@ def process_uids(pid: int) -> tuple[int, int] | None:
 
 
 def stat_identity(pid: int) -> tuple[str, int] | None:
-    """(comm, start time) of a process: changes when the pid is reused or exec's."""
+    """(comm, start time) of a process: changes when the pid is reused or exec's. Read
+    with bare os calls: it runs for every process of the host on every scan, and a
+    Python file object costs as much again as the read (0.9 vs 1.9 ms per 110 processes)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
     except OSError:
         return None
+    try:
+        raw = os.read(fd, 4096)   # one read returns the whole line (~350 bytes)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     close = raw.rfind(b")")
     comm = raw[raw.find(b"(") + 1:close].decode(errors="replace")
     fields = raw[close + 2:].split()
