@@ -2,7 +2,11 @@
 loaded) idle and while the reference stack serves load, side by side with the
 stack's own CPU; the stack's closed-loop throughput and P99 with the daemon
 attached and without, alternating rounds; and the daemon's RSS over a longer
-run (is it flat?).
+run (is it flat?). Beside RSS, the daemon's unique memory (USS: pages no other
+process maps) and how many other processes mapped the BPF compiler meanwhile:
+the daemon pages the compiler's code out after its compile, which only works
+for pages no other BCC user (a bcc tool, another slotune) maps at that moment.
+Shortest useful run (~65 s): --idle-s 10 --load-s 20 --rounds 0.
 
     python -m bench.daemon_footprint [--idle-s 20] [--load-s 30] [--rate 15]
                                      [--rounds 4] [--round-s 10] [--long-s 0]"""
@@ -42,16 +46,38 @@ def cpu_seconds(procs: list[psutil.Process]) -> float:
     return total
 
 
+def unique_bytes(pid: int) -> int:
+    """Memory only this process maps (USS), from /proc/<pid>/smaps_rollup."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return sum(int(line.split()[1]) * 1024 for line in f if line.startswith(("Private_Clean:", "Private_Dirty:")))
+
+
+def compiler_users(but: int) -> int:
+    """Other processes that map the BPF compiler (libLLVM) now."""
+    count = 0
+    for p in psutil.process_iter():
+        try:
+            if p.pid != but and any("libLLVM" in m.path for m in p.memory_maps(grouped=True)):
+                count += 1
+        except (psutil.Error, OSError):
+            pass
+    return count
+
+
 def measure(daemon: psutil.Process, stack: list[psutil.Process], seconds: float) -> dict:
-    """CPU (percent of one core) of the daemon and of the stack over `seconds`, and the daemon's RSS."""
+    """CPU (percent of one core) of the daemon and of the stack over `seconds`, the daemon's
+    largest RSS and USS, and the most other compiler users seen at once."""
     d0, s0, t0 = cpu_seconds([daemon]), cpu_seconds(stack), time.monotonic()
-    rss = []
+    rss, uss, others = [], [], 0
     while time.monotonic() - t0 < seconds:
         rss.append(daemon.memory_info().rss)
+        uss.append(unique_bytes(daemon.pid))
+        if len(rss) % 5 == 1:
+            others = max(others, compiler_users(daemon.pid))
         time.sleep(1.0)
     dt = time.monotonic() - t0
     return {"daemon_cpu": 100 * (cpu_seconds([daemon]) - d0) / dt, "stack_cpu": 100 * (cpu_seconds(stack) - s0) / dt,
-            "rss_mib": max(rss) / 2**20}
+            "rss_mib": max(rss) / 2**20, "uss_mib": max(uss) / 2**20, "others": others}
 
 
 def start_daemon(work: Path, port: int) -> subprocess.Popen:
@@ -124,10 +150,12 @@ def main(argv=None) -> int:
         loader.join()
         print(f"slotune daemon footprint, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
               f"all probe families, 1 s windows, dry-run; {psutil.cpu_count()} CPUs")
-        print(f"{'phase':<22} {'daemon CPU %':>13} {'stack CPU %':>12} {'daemon/stack':>13} {'daemon RSS MiB':>15}")
+        print(f"{'phase':<22} {'daemon CPU %':>13} {'stack CPU %':>12} {'daemon/stack':>13} {'daemon RSS MiB':>15} "
+              f"{'USS MiB':>8} {'other BCC':>10}")
         for name, m in ((f"idle ({args.idle_s:.0f} s)", idle), (f"load {args.rate:.0f} q/s ({args.load_s:.0f} s)", busy)):
             ratio = m["daemon_cpu"] / m["stack_cpu"] if m["stack_cpu"] > 0 else float("nan")
-            print(f"{name:<22} {m['daemon_cpu']:>13.1f} {m['stack_cpu']:>12.1f} {ratio:>13.3f} {m['rss_mib']:>15.1f}")
+            print(f"{name:<22} {m['daemon_cpu']:>13.1f} {m['stack_cpu']:>12.1f} {ratio:>13.3f} {m['rss_mib']:>15.1f} "
+                  f"{m['uss_mib']:>8.1f} {m['others']:>10d}")
         if daemon.poll() is not None:
             raise SystemExit(f"the daemon exited during the run; see {work / 'daemon.log'}")
         if args.rounds:
