@@ -104,7 +104,7 @@ def test_discover_lists_each_with_its_profile_and_writes_a_config_that_loads(tmp
     assert by_port[inference_port].latency_metric == "inference_request_duration_seconds"
     assert by_port[redis_port].metrics_url == ""
     stats = next(s for s in cfg.services if s.spec.port == stats_port)
-    assert stats.control is None and f"passes requests to no backend" in written.read_text()
+    assert stats.control is None and "passes requests to no backend" in written.read_text()
     again = discover("--pick", str(redis_port), "--write", str(written))       # Redis still runs
     assert again.returncode == 1 and "exists" in again.stderr
 

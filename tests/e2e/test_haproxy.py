@@ -22,7 +22,6 @@ import time
 
 import aiohttp
 import numpy as np
-import pytest
 
 from daemon import config
 from reference_stack import launcher
@@ -61,7 +60,7 @@ async def _load(url: str, phases, out: list) -> None:
                     out.append((sent, time.monotonic() - sent, r.status))
             except aiohttp.ClientError:
                 out.append((sent, time.monotonic() - sent, 0))
-        tasks, t0 = [], time.monotonic()
+        tasks = []
         for rate, seconds in phases:
             end = time.monotonic() + seconds
             while (now := time.monotonic()) < end:
