@@ -131,7 +131,9 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
         full = min(state.full_rps, full_now) * 0.9
         why = f"{obs.refused_rps:.1f} queries/s refused with the dimmer below 1: full answers x0.90"
     elif state.ratio > 0:   # grow from at least a twentieth of the load: from none, x1.1 alone never would
-        factor = clamp((budget + slack) / (queue + slack), 1.0, 1.1)
+        # x1.1 at most near the budget, x1.5 under a fifth of it: a dimmer cut deep in an overload
+        # (a busy host's slower seconds read as queue too) comes back within seconds of the load dropping
+        factor = clamp((budget + slack) / (queue + slack), 1.0, 1.5 if queue <= 0.2 * budget else 1.1)
         full = max(state.full_rps, 0.05 * obs.arrival_rps) * factor
         why = f"degrading, queue P99 {queue * 1e3:.0f} ms within {budget * 1e3:.0f} ms: full answers x{factor:.2f}"
     else:

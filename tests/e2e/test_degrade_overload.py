@@ -92,7 +92,7 @@ def test_the_dimmer_answers_an_overload_step_degraded_where_the_throttle_alone_r
     records, trace = run_step(stack, dimmed, rate, LOW_S)
     outcomes = [r.outcome for r in records]
     half = sum(r.t_s >= STEP_S / 2 for r in records)
-    assert refused_alone >= 0.15 * half, f"the throttle alone refused only {refused_alone} of {half} late in the step"
+    assert refused_alone >= 0.1 * half, f"the throttle alone refused only {refused_alone} of {half} late in the step"
     assert late_refusals(records) <= refused_alone / 2, (late_refusals(records), refused_alone,
                                                          [t[2:] for t in trace], [t[2:] for t in trace_alone])
     assert outcomes.count("degraded") >= 0.3 * len(outcomes), f"the dimmer degraded {outcomes.count('degraded')}"

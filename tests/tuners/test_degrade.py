@@ -84,7 +84,10 @@ def test_slotune_degrades_more_while_the_throttle_refuses_and_not_past_everythin
 
 
 def test_slotune_comes_back_from_degrading_everything():
+    # from 5 % of the load: x1.5 with no queue (under a fifth of its 450 ms budget), x1.1 nearer it
     s, d = P["slotune"].decide(degrade.SlotuneState(1.0, 0.0), obs(p99=0.3, queue=0.0, arrival=100.0))
+    assert s.full_rps == pytest.approx(7.5) and d.changes["degrade_ratio"] == pytest.approx(0.925)
+    s, d = P["slotune"].decide(degrade.SlotuneState(1.0, 0.0), obs(p99=0.3, queue=0.2, arrival=100.0))
     assert s.full_rps == pytest.approx(5.5) and d.changes["degrade_ratio"] == pytest.approx(0.945)
 
 
