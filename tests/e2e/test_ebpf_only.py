@@ -217,20 +217,24 @@ def test_refusals_of_an_ebpf_only_nginx_are_rejected_not_fast_answers(tmp_path, 
             collector.start([spec])
             assert collector.up, collector.start_error
             collected(collector)
-            start = time.monotonic()
+            earlier, start = Counter(ng.statuses()), time.monotonic()
             statuses = asyncio.run(_refused_load(ng.port))
             w = window.build(spec, start, time.monotonic(), [collected(collector)["web"]])
+            # those of the window: another test's `slotune discover` may knock on any port (403s seen)
+            logged = Counter(ng.statuses()) - earlier
         finally:
             collector.close()
-        logged = Counter(ng.statuses())
     print(f"nginx's access log: {dict(logged)}; the window: {w.requests} served, {w.rejected:.0f} rejected, "
           f"{w.errors:.0f} errors, P50 {w.p(0.5) * 1e3:.1f} ms")
-    assert Counter(statuses) == logged
+    # nginx's log can hold more: aiohttp sends a request again when nginx closed the kept-alive
+    # connection it went out on (41 503s logged, 36 answered, once in 7 runs)
+    assert all(n <= logged[status] for status, n in Counter(statuses).items())
     assert logged[503] > logged[200] / 2                              # the premise: limit_conn refused many
     assert w.rejected == logged[503] + logged[429]
-    assert w.requests == logged[200] + logged[500] and w.errors == logged[500]
+    assert w.requests == sum(n for status, n in logged.items() if status not in (429, 503))
+    assert w.errors == sum(n for status, n in logged.items() if status >= 500 and status != 503)
     assert abs(w.p(0.5) - DELAY_S) <= 0.1 * DELAY_S                  # the served /slow ones, not the refusals
     assert w.ttft.count == w.requests                                 # its first bytes too
     seen = for_throttle(Inputs(w.end, [w], [w], ServiceConf(spec), {}, w.seconds, lambda *_: None))
     assert seen.rejected_rps * w.seconds == pytest.approx(w.rejected)
-    assert seen.arrival_rps * w.seconds == pytest.approx(len(statuses)) and seen.p99_s >= DELAY_S
+    assert seen.arrival_rps * w.seconds == pytest.approx(sum(logged.values())) and seen.p99_s >= DELAY_S
