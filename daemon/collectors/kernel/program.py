@@ -42,15 +42,16 @@ TARGETING_TRACEPOINTS = (("sched:sched_process_fork", "on_process_fork"),
 
 # The compiler BCC links (its code is ~70 MiB of the daemon's RSS once a compile has run it).
 COMPILER_LIBRARIES = ("libLLVM", "libclang")
-MADV_PAGEOUT = 21   # Linux >= 5.4: reclaim these pages now; touched again, they are read back
+MADV_DONTNEED, MADV_PAGEOUT = 4, 21   # PAGEOUT: Linux >= 5.4
 
 
 def release_compiler_memory() -> None:
     """After the one compile: give the heap the compiler freed back to the system (glibc
-    keeps it, about 20 MiB for the daemon's whole life) and page out the compiler's
-    read-only mappings (code and constants, read back from the library file should it
-    ever run again; nothing written is touched). Each step a no-op where libc or the
-    kernel lacks it."""
+    keeps it, about 20 MiB for the daemon's whole life) and drop the compiler's code
+    (its r-xp mappings, never written: read back from the library file should it ever
+    run again). PAGEOUT frees the pages no other process maps; DONTNEED then unmaps
+    from us those another BCC user shares, which stay in its memory. Each step a no-op
+    where libc or the kernel lacks it."""
     libc = ctypes.CDLL(None, use_errno=True)
     try:
         libc.malloc_trim(0)
@@ -58,12 +59,11 @@ def release_compiler_memory() -> None:
         pass
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     with open("/proc/self/maps") as maps:
-        for line in maps:
-            fields = line.split()
-            if len(fields) < 6 or "w" in fields[1] or not any(lib in fields[5] for lib in COMPILER_LIBRARIES):
-                continue
-            start, end = (int(x, 16) for x in fields[0].split("-"))
-            libc.madvise(start, end - start, MADV_PAGEOUT)   # EINVAL before 5.4: left as it is
+        code = [line.split() for line in maps if " r-xp " in line and any(lib in line for lib in COMPILER_LIBRARIES)]
+    for fields in code:
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        for advice in (MADV_PAGEOUT, MADV_DONTNEED):
+            libc.madvise(start, end - start, advice)   # EINVAL where the kernel lacks one: left as it is
 
 
 def program_text(families: list[Family], entries: dict[str, int] | None = None) -> str:
