@@ -6,8 +6,8 @@ adds only the [daemon] table. A load step past the server's capacity makes the
 throttle lower HAProxy's server maxconn through the runtime API (read independently
 with `show stat`: HAProxy 2.6's `show servers state` has no maxconn column) and P99
 comes back under the SLO; once the load drops under the capacity, the throttle
-raises maxconn back toward the limit HAProxy started with (LOW_S: in 6 runs on
-2026-12-01 the first raise came 2 to 9 s after the drop). The throttle observes
+raises maxconn back toward the limit HAProxy started with (in 5 runs on 2026-12-01
+the first raise came 1 to 3 s after the drop; LOW_S leaves room). The throttle observes
 HAProxy itself: the latency from the kernel (the http probe family on HAProxy's
 frontend port: its exporter keeps no histogram), the requests in flight from its
 exporter (profile haproxy: backend current sessions, queued ones included).
@@ -31,8 +31,9 @@ from tests.e2e.conftest import daemon_table
 from tests.stack.conftest import one_service
 
 SLO_MS, QUEUE_TIMEOUT_MS = 600, 20
-HIGH_S, LOW_S = 18.0, 15.0
-HIGH_X, LOW_X = 2.0, 0.7     # the load steps, times the capacity measured on this host at the start
+HIGH_S, LOW_S = 22.0, 12.0
+HIGH_X, LOW_X = 2.0, 0.4     # the load steps, times the capacity measured on this host at the start
+# (the drop to 0.4 leaves room for the capacity to drift down on a busy host: at 0.7 it was gone in one run)
 
 
 async def _capacity(url: str, seconds: float = 3.0, concurrency: int = 4) -> float:
@@ -123,9 +124,9 @@ def test_load_step_lowers_haproxy_maxconn_and_brings_p99_back(tmp_path, daemon_f
     # at least as far as its largest cut (x0.5, rounded up) takes it in one window
     assert min(step) <= math.ceil(start / 2), f"the throttle never lowered HAProxy's maxconn: {step}"
     # the throttle gives the limit back, x1.1 or +1 a window while it is not binding with the queue under
-    # half its budget; on a busy host the server's own time can also read as queueing and cut it after the
-    # drop (6 -> 2 -> 5 in one run), so the raise is judged against the step's lowest, not its last
-    assert max(after) > min(step), f"maxconn not raised again after the load dropped (lowest {min(step)}): {after}"
+    # half its budget: above where the step left it, so above the step's lowest too (a rollback inside the
+    # step can also lift it above its lowest: 19 -> 37 in one run, which showed no raise after the drop)
+    assert max(after) > step[-1], f"maxconn not raised again after the load dropped (from {step[-1]}): {after}"
     assert max(after) <= start, f"the throttle raised maxconn above the {start} HAProxy started with: {after}"
     pushed = [e for e in d.audit() if e["outcome"] == "pushed"]
     assert pushed and all(e["setting"] == "concurrency_limit" and 1 <= e["new"] <= start for e in pushed)
