@@ -134,6 +134,10 @@ backend be_one
     server app 127.0.0.1:9000 maxconn 12
 backend be_many
     server-template s 3 127.0.0.1:9001 maxconn 4
+listen li_one
+    bind 127.0.0.1:18600
+    server only 127.0.0.1:9002
+    default-server maxconn 9     # for the servers after it only
 """
 OUTSIDE = """frontend fe_out
     bind 127.0.0.1:18500
@@ -156,6 +160,8 @@ def test_haproxy_config_gives_the_runtime_api_and_the_limit_of_each_port(tmp_pat
     assert cfg.sockets == [haproxy_config.StatsSocket(f"{tmp_path}/ops.sock", "operator"), admin]
     assert haproxy_config.admission(cfg, 18080) == haproxy_config.Admission(admin, "maxconn server be_one/app", 12)
     assert haproxy_config.admission(cfg, 18091) == haproxy_config.Admission(admin, "maxconn frontend fe_many", 300)
+    with pytest.raises(haproxy_config.Unknown, match="server li_one/only has no maxconn"):
+        haproxy_config.admission(cfg, 18600)
     with pytest.raises(haproxy_config.Unknown, match="fe_stats .* passes requests to no backend"):
         haproxy_config.admission(cfg, 18404)
     with pytest.raises(haproxy_config.Unknown, match="no frontend or listen section binds port 18500"):

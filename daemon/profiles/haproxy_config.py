@@ -42,7 +42,7 @@ class Proxy:
     where: str                                           # file:line of its section
     ports: list[tuple[int, int]] = field(default_factory=list)      # its bind lines' port ranges
     backends: list[str] = field(default_factory=list)              # default_backend, then use_backend
-    servers: dict[str, int | None] = field(default_factory=dict)   # server -> its maxconn
+    servers: dict[str, int | None] = field(default_factory=dict)   # server -> its maxconn (0, None: no limit)
     values: dict = field(default_factory=dict)     # INHERITED: its own, else its defaults section's
 
     def listens_on(self, port: int) -> bool:
@@ -172,7 +172,10 @@ def _parse(text: str, path: str, cfg: HaproxyConfig) -> None:
         if words[0] in SECTIONS:
             section, proxy = words[0], None
             name = words[1] if len(words) > 1 and words[1] != "from" else ""
-            parent = defaults.get(words[words.index("from") + 1] if "from" in words[:-1] else "", {})
+            # a defaults section starts from the manual's defaults, a proxy from the latest defaults section;
+            # either from a named one with `from NAME`
+            parent = defaults.get(words[words.index("from") + 1], {}) if "from" in words[:-1] else \
+                {} if section == "defaults" else defaults[""]
             if section == "defaults":
                 defaults[""] = defaults[name] = dict(parent)
             elif section in ("frontend", "backend", "listen") and name:
@@ -238,11 +241,17 @@ def _proxy(words: list[str], proxy: Proxy) -> None:
                 proxy.ports.append((int(m[1]), int(m[2] or m[1])))
     elif words[0] == "use_backend" and len(words) > 1:
         proxy.backends.append(words[1])
-    elif words[0] == "server" and len(words) > 2:
-        proxy.servers[words[1]] = _maxconn(words[3:])
+    elif words[0] == "server" and len(words) > 2:    # default-server applies to the servers after it
+        proxy.servers[words[1]] = _server_limit(words[3:], proxy)
     elif words[0] == "server-template" and len(words) > 3 and (m := re.fullmatch(r"(\d+)(?:-(\d+))?", words[2])):
         lo, hi = (int(m[1]), int(m[2])) if m[2] else (1, int(m[1]))     # <num> or <first>-<last>
-        proxy.servers.update({f"{words[1]}{i}": _maxconn(words[4:]) for i in range(lo, min(hi, lo + 9999) + 1)})
+        limit = _server_limit(words[4:], proxy)
+        proxy.servers.update({f"{words[1]}{i}": limit for i in range(lo, min(hi, lo + 9999) + 1)})
+
+
+def _server_limit(params: list[str], proxy: Proxy) -> int | None:
+    own = _maxconn(params)
+    return own if own is not None else proxy.values.get("server_maxconn")
 
 
 def admission(cfg: HaproxyConfig, port: int) -> Admission:
@@ -262,13 +271,12 @@ def admission(cfg: HaproxyConfig, port: int) -> Admission:
     be = cfg.proxies.get(backends[0])
     if len(set(backends)) == 1 and be is not None and len(be.servers) == 1:
         server, limit = next(iter(be.servers.items()))
-        limit = limit if limit is not None else be.values.get("server_maxconn")
-        if limit is None:
+        if not limit:
             raise Unknown(f"server {be.name}/{server} has no maxconn in haproxy.cfg ({be.where}): give it one "
                           "(e.g. maxconn 64) for slotune to tune it")
         return Admission(sock, f"maxconn server {be.name}/{server}", limit)
-    limit = front.values.get("maxconn", cfg.global_maxconn)
-    if limit is None:
+    limit = front.values.get("maxconn") or cfg.global_maxconn     # 0 is the global one, as none is
+    if not limit:
         raise Unknown(f"{front.kind} {front.name} ({front.where}) has no maxconn, nor has the global section: "
                       "give it one for slotune to tune it")
     return Admission(sock, f"maxconn frontend {front.name}", limit)
