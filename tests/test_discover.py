@@ -151,6 +151,13 @@ def accepted_by_haproxy(*args: str) -> None:
     assert check.returncode == 0, check.stdout + check.stderr
 
 
+def write_starter(tmp_path, listener) -> tuple[str, config.Config]:
+    """discover's starter config for one listener, and that config as slotune run loads it."""
+    text = discover_command.starter([listener], slo_ms=800)
+    (tmp_path / "slotune.toml").write_text(text)
+    return text, config.load(tmp_path / "slotune.toml")
+
+
 def test_haproxy_config_gives_the_runtime_api_and_the_limit_of_each_port(tmp_path):
     (tmp_path / "haproxy.cfg").write_text(GLOBAL.format(folder=tmp_path) + PROXIES)
     accepted_by_haproxy("-f", str(tmp_path / "haproxy.cfg"))
@@ -186,18 +193,16 @@ def test_haproxy_config_directory_reads_its_cfg_files_and_refuses_a_link_out(tmp
     assert haproxy_config.admission(cfg, 18080).target == "maxconn server be_one/app"
     with pytest.raises(haproxy_config.Unknown, match="binds port 18500"):    # fe_out was not read
         haproxy_config.admission(cfg, 18500)
+    text, loaded = write_starter(tmp_path, discover_command.Listener(
+        18080, 0, 1, "haproxy", "", profile="haproxy", name="front",
+        admission=haproxy_config.admission(cfg, 18080), hints=cfg.hints))
+    assert f"# haproxy's config: {folder}/40-out.cfg links to {outside}/out.cfg, outside {folder}: not read" in text
+    assert loaded.services[0].control.targets == {"concurrency_limit": "maxconn server be_one/app"}
     # a file named on the command line is read wherever its link points: HAProxy was given it
     os.symlink(outside / "out.cfg", tmp_path / "named.cfg")
     named = haproxy_config.read(["-f", str(folder / "10-global.cfg"), "-f", str(tmp_path / "named.cfg"),
                                  "-f", str(folder / "20-proxies.cfg")], "/")
     assert named.hints == [] and haproxy_config.admission(named, 18500).target == "maxconn server be_one/app"
-
-
-def write_starter(tmp_path, listener) -> tuple[str, config.Config]:
-    """discover's starter config for one listener, and that config as slotune run loads it."""
-    text = discover_command.starter([listener], slo_ms=800)
-    (tmp_path / "slotune.toml").write_text(text)
-    return text, config.load(tmp_path / "slotune.toml")
 
 
 def test_an_unreadable_haproxy_config_is_a_hint_line_in_a_config_that_loads(tmp_path):
