@@ -8,6 +8,7 @@ is read and the service's control, throttle and bounds are written whole."""
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import re
 import sys
@@ -200,7 +201,7 @@ def starter(picked: list[Listener], slo_ms: float = 500.0) -> str:
         out.append(f"slo_p99_ms = {slo_ms:g}")
         if p is not None:
             out += [f"# {key} = {slo_ms:g}" for slo, key in profiles.SLO_KEYS.items() if slo != "p99" and slo in p.slos]
-            out += [f"# {s.process}'s config: {hint}" for hint in s.hints]
+            out += [f"# {s.process}'s config: {' '.join(hint.split())}" for hint in s.hints]   # one line each
             out += _control(s, p) if s.admission is not None else _control_hint(s, p)
         out.append("")
     return "\n".join(out)
@@ -221,7 +222,8 @@ def _control(s: Listener, p: profiles.Profile) -> list[str]:
     """[control], the throttle and the bounds of its concurrency limit, from where its own config sets it."""
     a, setting = s.admission, p.setting(ADMISSION)
     others = [x for x in p.settings or () if x.live and x.name != ADMISSION]
-    lines = [f"[services.{s.name}.control]", f'kind = "{setting.kind}"', f'address = "{a.socket.address}"']
+    lines = [f"[services.{s.name}.control]", f'kind = "{setting.kind}"',
+             f"address = {json.dumps(a.socket.address)}"]     # a TOML string, whatever the path holds
     if a.socket.level != "admin":
         lines.append(f"# its stats socket is at level {a.socket.level}: `set maxconn` needs level admin; add "
                      "`level admin` to that `stats socket` line and reload it, or slotune's pushes are refused")

@@ -17,6 +17,8 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from daemon.control.actuators.haproxy import target_error
+
 DEFAULT_FILE = "/etc/haproxy/haproxy.cfg"
 MAX_BYTES = 4 << 20
 SECTIONS = {"global", "defaults", "frontend", "backend", "listen", "userlist", "peers", "resolvers", "mailers",
@@ -256,6 +258,13 @@ def _server_limit(params: list[str], proxy: Proxy) -> int | None:
 
 def admission(cfg: HaproxyConfig, port: int) -> Admission:
     """The runtime API and the limit of the requests that come in on this port; Unknown says what is missing."""
+    found = _admission(cfg, port)
+    if (why := target_error(found.target)) is not None:      # a name HAProxy itself would refuse
+        raise Unknown(why)
+    return found
+
+
+def _admission(cfg: HaproxyConfig, port: int) -> Admission:
     if not cfg.sockets:
         raise Unknown(f"no `stats socket` in the global section of {', '.join(cfg.files) or 'its config'}: add "
                       "`stats socket /run/haproxy/admin.sock mode 600 level admin` and reload HAProxy")
