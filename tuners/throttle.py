@@ -184,6 +184,7 @@ class SlotuneState:
     ceiling: float = LIMIT_BOUNDS[1]   # the limit in force when tuning began: the operator's, given back when load drops
     cut_p99: float = 0.0               # P99 of the window that began the current run of cuts; 0 once in budget
     cuts: int = 0                      # cuts in that run, none of which lowered P99 below cut_p99
+    cut_to: float = 0.0                # the limit the last cut set
 
 
 def _slotune_init(settings):
@@ -203,7 +204,9 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
     budget = max(TARGET * obs.slo_s - service_tail, 0.25 * service_tail)  # queue wait the SLO allows
     binding = obs.rejected_rps > 0 or obs.in_flight >= 0.9 * state.limit
     slack = 0.1 * budget
-    cut_p99, cuts = 0.0, 0
+    if state.cuts and abs(state.limit - state.cut_to) > max(1.0, 0.1 * state.cut_to):
+        state = replace(state, cut_p99=0.0, cuts=0)   # that cut is not in force (rolled back, held): it proved nothing
+    cut_p99, cuts, cut_to = 0.0, 0, state.cut_to
     if queue > budget and obs.in_flight < 0.5 * state.limit:
         new, cut_p99, cuts = state.limit, state.cut_p99, state.cuts
         why = (f"queue P99 {queue * 1e3:.0f} ms over its {budget * 1e3:.0f} ms budget, but {obs.in_flight:.0f} in flight "
@@ -221,7 +224,7 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
                f"its wait is not at this limit, held")
     elif queue > budget:
         factor = clamp((budget + slack) / (queue + slack), 0.5, 0.95)
-        new = state.limit * factor
+        new = cut_to = clamp(state.limit * factor, *LIMIT_BOUNDS)
         fell = obs.p99_s < state.cut_p99
         cut_p99, cuts = (obs.p99_s, 1) if fell or not state.cuts else (state.cut_p99, state.cuts + 1)
         why = f"queue P99 {queue * 1e3:.0f} ms over its {budget * 1e3:.0f} ms budget: x{factor:.2f}"
@@ -236,7 +239,8 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
         new = state.limit
         why = "limit not binding"
     new = clamp(new, *LIMIT_BOUNDS)
-    return replace(state, limit=new, cut_p99=cut_p99, cuts=cuts), Decision(changed(state.limit, new, "concurrency_limit"), why)
+    return (replace(state, limit=new, cut_p99=cut_p99, cuts=cuts, cut_to=cut_to),
+            Decision(changed(state.limit, new, "concurrency_limit"), why))
 
 
 # The state's field that holds each setting (Policy.resync writes the value in force there).

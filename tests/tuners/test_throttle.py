@@ -104,6 +104,10 @@ def test_slotune_holds_once_two_cuts_left_p99_where_it_was_and_when_the_limit_is
     s, d = sl.decide(s, obs(p99=0.35, queue_p99=0.2, in_flight=10))   # P99 fell: a cut helps again
     assert d.changes == {"concurrency_limit": 5.0}
     s = sl.initial_state({"concurrency_limit": 40})
+    s, _ = sl.decide(s, obs(**slow, in_flight=40))
+    s, _ = sl.decide(sl.resync(s, {"concurrency_limit": 40}), obs(**slow, in_flight=40))   # the cut was rolled back
+    assert s.cuts == 1 and s.limit == 20.0                       # so it is not counted: this is the first that stays
+    s = sl.initial_state({"concurrency_limit": 40})
     _, d = sl.decide(s, obs(**slow, in_flight=12))   # 12 in flight under a limit of 40
     assert d.changes == {} and "under half the limit" in d.reason
 
