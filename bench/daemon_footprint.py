@@ -3,9 +3,8 @@ loaded) idle and while the reference stack serves load, side by side with the
 stack's own CPU; the stack's closed-loop throughput and P99 with the daemon
 attached and without, alternating rounds; and the daemon's RSS over a longer
 run (is it flat?). Beside RSS, the daemon's unique memory (USS: pages no other
-process maps) and how many other processes mapped the BPF compiler meanwhile:
-the daemon pages the compiler's code out after its compile, which only works
-for pages no other BCC user (a bcc tool, another slotune) maps at that moment.
+process maps) and how many other processes mapped the BPF compiler meanwhile
+(a bcc tool, another slotune): the libraries both map count in both RSSes.
 Shortest useful run (~65 s): --idle-s 10 --load-s 20 --rounds 0.
 
     python -m bench.daemon_footprint [--idle-s 20] [--load-s 30] [--rate 15]
