@@ -229,8 +229,9 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
         cut_p99, cuts = (obs.p99_s, 1) if fell or not state.cuts else (state.cut_p99, state.cuts + 1)
         why = f"queue P99 {queue * 1e3:.0f} ms over its {budget * 1e3:.0f} ms budget: x{factor:.2f}"
     elif binding:
-        new = state.limit * clamp((budget + slack) / (queue + slack), 1.0, 1.1)
-        why = f"limit binding, queue P99 {queue * 1e3:.0f} ms within {budget * 1e3:.0f} ms: x{new / state.limit:.2f}"
+        factor = clamp((budget + slack) / (queue + slack), 1.0, 1.1)
+        new = state.limit * factor
+        why = f"limit binding, queue P99 {queue * 1e3:.0f} ms within {budget * 1e3:.0f} ms: x{factor:.2f}"
     elif queue <= 0.5 * budget and state.limit < state.ceiling:
         new = min(state.ceiling, max(state.limit * 1.1, state.limit + 1))   # +1: an integer limit of 2 grows too
         why = (f"limit not binding, queue P99 {queue * 1e3:.0f} ms under half its {budget * 1e3:.0f} ms budget: "

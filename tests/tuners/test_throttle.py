@@ -124,6 +124,14 @@ def test_slotune_lets_a_dimmer_with_room_go_first_while_p99_is_within_the_slo():
     assert d.changes["concurrency_limit"] < 40
 
 
+def test_slotune_takes_a_limit_of_0_in_force_without_failing():
+    """A service whose limit 0 means none (the reference gateway's default)."""
+    sl = P["slotune"]
+    s = sl.resync(sl.initial_state({"concurrency_limit": 40}), {"concurrency_limit": 0.0})
+    for o in (obs(p99=0.1, queue_p99=0.0, in_flight=5), obs(p99=0.4, queue_p99=0.2, in_flight=5)):
+        sl.decide(s, o)
+
+
 def test_slotune_without_a_queue_measurement_steers_p99_to_80_percent_of_the_slo():
     sl = P["slotune"]
     s = sl.initial_state({"concurrency_limit": 40})
