@@ -7,6 +7,7 @@ A service's answer is untrusted: a bad one costs that service its sample, never
 another's."""
 from __future__ import annotations
 
+import functools
 import http.client
 import logging
 import math
@@ -14,8 +15,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from prometheus_client.parser import text_string_to_metric_families
-
+from daemon.collectors.exposition import families
 from daemon.host.http_exchange import TooLarge, exchange
 from daemon.model.sample import Key, Sample
 from daemon.model import labels
@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 << 20
 MAX_SERIES = 2000          # kept per service, counted as Prometheus does: one per histogram bucket
+NAMES_REMEMBERED = 4096    # per service, whether a family name is one it reads
 SCRAPERS = 16              # services read at once
 # stub_status's lines -> the names nginx-prometheus-exporter gives them
 STUB_STATUS = (
@@ -50,7 +51,7 @@ def parse(text: str, wanted: Callable[[str], bool] = lambda name: True) -> Parse
     sums: dict[Key, float] = {}
     counters: dict[Key, float] = {}
     gauges: dict[Key, float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in families(text, wanted):
         for s in family.samples:
             name = s.name if family.type == "counter" else family.name
             if not wanted(name):
@@ -112,6 +113,12 @@ def capped(parsed: Parsed, max_series: int) -> tuple[Parsed, int]:
     return (hists, counters, gauges), total
 
 
+def _reads(own: tuple[str, ...], profile: profiles.Profile, name: str) -> bool:
+    """Whether a family (or counter sample) is one slotune reads of a service: one it
+    names itself (latency_metric, ...) or one of its profile's signals."""
+    return name in own or profile.wants(name)
+
+
 class ScrapeError(Exception):
     """What was wrong with one service's /metrics this interval, in words (`kind`), and the detail."""
 
@@ -145,6 +152,8 @@ class ServiceMetricsCollector:
         self.profile: dict[str, profiles.Profile] = {}
         self.timeout_s = timeout_s
         self.previous: dict[str, tuple[dict, dict]] = {}
+        self.wanted: dict[str, Callable[[str], bool]] = {}    # service -> whether it reads a family name
+        self.last: dict[str, tuple[bytes, Parsed | ScrapeError]] = {}   # service -> its last body, as read
         self.failing: dict[str, set[str]] = {}    # service -> kinds of failure reported
         self.capped: set[str] = set()             # services reported over MAX_SERIES
         self.pool = ThreadPoolExecutor(SCRAPERS, thread_name_prefix="service-metrics")
@@ -172,8 +181,12 @@ class ServiceMetricsCollector:
         self.urls = {s.name: s.metrics_url for s in read}
         self.profile = {s.name: profiles.get(s.profile) for s in read}
         self.own = {s.name: s.own_metrics() for s in read}
+        self.wanted = {name: functools.lru_cache(NAMES_REMEMBERED)(functools.partial(_reads, self.own[name], profile))
+                       for name, profile in self.profile.items()}
         # A service read from elsewhere, or for other families, starts over from one read.
-        self.previous = {name: p for name, p in self.previous.items() if before.get(name) == reading(name)}
+        same = {name for name in self.urls if before.get(name) == reading(name)}
+        self.previous = {name: p for name, p in self.previous.items() if name in same}
+        self.last = {name: last for name, last in self.last.items() if name in same}
 
     def read(self, service: str, url: str) -> Parsed | ScrapeError:
         """The service's wanted series, or what was wrong (returned, so one bad service
@@ -186,13 +199,20 @@ class ServiceMetricsCollector:
             return ScrapeError(f"took longer than {self.timeout_s:g} s", "the answer was not complete in time")
         except (OSError, http.client.HTTPException, ValueError) as exc:
             return ScrapeError("cannot be read", str(exc) or type(exc).__name__)
+        last = self.last.get(service)
+        if last is not None and last[0] == body:
+            return last[1]     # the same bytes read the same: a service at rest is not parsed again
+        got = self.parsed(service, body)
+        self.last[service] = (body, got)
+        return got
+
+    def parsed(self, service: str, body: bytes) -> Parsed | ScrapeError:
         try:
             text = body.decode()
         except UnicodeDecodeError as exc:
             return ScrapeError("is not UTF-8", str(exc))
-        own, profile = self.own.get(service, ()), self.profile[service]
         try:
-            return read_exposition(text, profile.exposition, lambda name: name in own or profile.wants(name))
+            return read_exposition(text, self.profile[service].exposition, self.wanted[service])
         except ValueError as exc:
             return ScrapeError("does not parse", " ".join(str(exc).split())[:200])
 

@@ -1,0 +1,132 @@
+"""Reads the Prometheus text format into the families prometheus_client's parser
+yields, fast: the plain lines client libraries write (`# HELP`, `# TYPE`,
+`name{k="v",...} value [timestamp]`) are read with one regular expression each, and
+the samples of a family the caller does not read are checked, not built. Any other
+line sends the whole text to prometheus_client's parser, so the families, and the
+errors, are always that parser's."""
+from __future__ import annotations
+
+import re
+from typing import Callable, Iterable, NamedTuple
+
+from prometheus_client.metrics_core import METRIC_TYPES
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+LABEL = r'(?!__)[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*"'        # no escapes, no reserved __ names
+NUMBER = r"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|Inf|NaN)"
+HEADER = re.compile(rf"#[ \t]+(HELP|TYPE)[ \t]+({NAME})(?:[ \t]+(\S.*))?")
+SAMPLE = re.compile(rf"({NAME})(?:\{{((?:{LABEL},)*(?:{LABEL})?)\}})? +({NUMBER})(?: +(-?[0-9]+))?")
+LABELS = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\]*)"')
+SERIES_OF = {"counter": ("",), "gauge": ("",), "summary": ("_count", "_sum", ""),
+             "histogram": ("_count", "_sum", "_bucket")}     # a family's sample names, as the parser allows them
+BUILT = ("counter", "gauge", "histogram")                    # the types whose samples are read
+
+
+class Family(NamedTuple):
+    name: str
+    type: str
+    samples: list[Sample]
+
+
+class _Unusual(Exception):
+    """A line outside the plain form: prometheus_client's parser reads the text."""
+
+
+def sample_name(typ: str, name: str) -> str:
+    """The name the samples of a family declared `# TYPE name typ` carry once read: a
+    counter's ends in _total (the parser adds it where the exporter leaves it out)."""
+    if typ != "counter" or name.endswith("_total"):
+        return name
+    return name + "_total"
+
+
+def families(text: str, wanted: Callable[[str], bool] = lambda name: True) -> Iterable:
+    """The families of an exposition, as prometheus_client's parser yields them, less
+    the samples of the counters, gauges and histograms whose sample_name is not wanted,
+    and of every other type (those families come with no samples, or not at all);
+    ValueError where that parser raises one, as late: after the families before it."""
+    try:
+        return _plain(text, wanted)
+    except _Unusual:
+        return text_string_to_metric_families(text)
+
+
+def _number(text: str) -> int | float:
+    """As the parser reads a NUMBER: an int where int() takes it, else a float."""
+    return int(text) if text.lstrip("+-").isdigit() else float(text)
+
+
+def _labels(text: str | None) -> dict[str, str]:
+    if not text:
+        return {}
+    pairs = LABELS.findall(text)
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise _Unusual    # a label named twice: the parser's error
+    return found
+
+
+def _built(name: str, typ: str, samples: list[Sample]) -> Family:
+    """The family as the parser closes it: a counter's name loses _total, its samples gain it."""
+    if typ == "counter":
+        if name.endswith("_total"):
+            name = name[:-6]
+        else:
+            samples = [s._replace(name=s.name + "_total") for s in samples]
+    typ = "unknown" if typ == "untyped" else typ
+    if not name or typ not in METRIC_TYPES:
+        raise _Unusual
+    return Family(name, typ, samples)
+
+
+def _plain(text: str, wanted: Callable[[str], bool]) -> list[Family]:
+    """The parser's walk over the lines (a HELP or TYPE of a new name starts a family; a
+    sample its family does not allow stands alone, untyped), for plain lines only."""
+    out: list[Family] = []
+    name, typ, samples, seen, allowed, built = "", "untyped", [], 0, (), False
+    for line in text.split("\n"):
+        line = line.strip()
+        if not line:
+            continue
+        if line[0] == "#":
+            m = HEADER.fullmatch(line)
+            if m is None:
+                if "HELP" in line or "TYPE" in line:
+                    raise _Unusual
+                continue     # a comment
+            kind, candidate, rest = m.groups()
+            if kind == "HELP":
+                if candidate != name:
+                    if name:
+                        out.append(_built(name, typ, samples))
+                    name, typ, samples, seen, allowed = candidate, "untyped", [], 0, (candidate,)
+            else:
+                if rest is None or (candidate == name and seen):
+                    raise _Unusual    # a TYPE without a type, or retyping a family with samples
+                if candidate != name:
+                    if name:
+                        out.append(_built(name, typ, samples))
+                    name, samples, seen = candidate, [], 0
+                typ = rest
+                allowed = tuple(name + s for s in SERIES_OF.get(typ, ("",)))
+            built = typ in BUILT and wanted(sample_name(typ, name))
+            continue
+        m = SAMPLE.fullmatch(line)
+        if m is None:
+            raise _Unusual
+        series, label_text, value, timestamp = m.groups()
+        labels = _labels(label_text)
+        if series not in allowed:
+            if name:
+                out.append(_built(name, typ, samples))
+            name, typ, samples, seen, allowed, built = "", "untyped", [], 0, (), False
+            continue     # a family of one untyped sample, which no reader reads
+        seen += 1
+        if built:
+            samples.append(Sample(series, labels, _number(value),
+                                  _number(timestamp) / 1000 if timestamp else None))
+    if name:
+        out.append(_built(name, typ, samples))
+    return out

@@ -1,0 +1,175 @@
+"""The fast exposition reader (daemon/collectors/exposition.py) against
+prometheus_client's own parser, the independent reference: on what real client
+libraries write (prometheus_client's registry with its process and GC collectors,
+the engines' documented expositions) it reads the same families and samples
+without calling that parser; on odd and broken text, and on thousands of random
+edits of a plain body, every outcome (what the collector keeps, or the error)
+is the parser's."""
+import random
+
+import pytest
+from prometheus_client import (CollectorRegistry, Counter, Enum, Gauge, GCCollector, Histogram, Info,
+                               PlatformCollector, ProcessCollector, Summary, generate_latest)
+from prometheus_client.parser import text_string_to_metric_families
+
+from daemon.collectors import exposition, service_metrics
+from daemon.collectors.exposition import BUILT, families
+from daemon.profiles import reference
+from tests.profiles import exposition as engines
+
+
+def client_library_body() -> str:
+    """What a Python service exports: prometheus_client's registry, default collectors included."""
+    r = CollectorRegistry()
+    ProcessCollector(registry=r)
+    GCCollector(registry=r)
+    PlatformCollector(registry=r)
+    h = Histogram("gateway_request_duration_seconds", "time to answer", ["outcome"], registry=r,
+                  buckets=(.005, .01, .025, .05, .1, .5, 1, 5))
+    c = Counter("gateway_tool_calls_total", "tool calls", ["tool", "outcome"], registry=r)
+    plain = Counter("gateway_cache_requests", "lookups", ["level"], registry=r)
+    g = Gauge("gateway_inflight_requests", "in flight", registry=r)
+    s = Summary("gateway_payload_bytes", "payload", registry=r)
+    Info("gateway_build", "build", registry=r).info({"version": "1.2", "commit": "abc"})
+    Enum("gateway_state", "state", states=["up", "down"], registry=r).state("up")
+    rng = random.Random(1)
+    for _ in range(300):
+        h.labels(rng.choice(["ok", "error", "rejected"])).observe(rng.expovariate(20))
+        c.labels(rng.choice(["search", "calc"]), rng.choice(["ok", "error"])).inc()
+        plain.labels("l1").inc(0.5)
+        s.observe(rng.random() * 1000)
+    g.set(-3)
+    return generate_latest(r).decode()
+
+
+PLAIN = {
+    "prometheus_client": client_library_body(),
+    **{name: getattr(engines, name)(3) for name in ("vllm", "sglang", "tgi", "triton", "envoy", "litellm")},
+    "edges": "\n".join([
+        "# a comment", "", "# TYPE a_total counter", 'a_total{x="1"} +5 1700000000000', 'a_total{x="2"} -5',
+        "# TYPE b counter", "b 1e3", "b_created 1.7e9", "# HELP c what c is, with \"quotes\" and \\ too",
+        "# TYPE c gauge", "c{} NaN", 'c{k="}{,=",} Inf', 'c{k="v"}   -Inf', "stray_sample 1",
+        "c 2", "# HELP d only help", "d 4", "# TYPE e histogram", 'e_bucket{le="0.5"} 1.0',
+        'e_bucket{le="+Inf"} 2', "e_sum .5", "e_count 2", "e_created 5.", "\t# TYPE f gauge \r", "f 7\r", ""]),
+}
+
+ODD = {   # each leaves the plain form: prometheus_client's parser decides
+    "escaped label value": '# TYPE g gauge\ng{path="a\\"b\\\\c\\nd"} 1\n',
+    "label named twice": '# TYPE g gauge\ng{a="1",a="2"} 1\n',
+    "reserved label": '# TYPE g gauge\ng{__x="1"} 1\n',
+    "name among the labels": '# TYPE g gauge\n{__name__="g",a="1"} 1\n',
+    "quoted utf-8 name": '# TYPE "g.h" gauge\n{"g.h",a="1"} 1\n',
+    "retyped family": "# TYPE g gauge\ng 1\n# TYPE g counter\ng 2\n",
+    "type missing": "# TYPE g\ng 1\n",
+    "unknown type": "# TYPE g gaugeish\ng 1\n",
+    "empty counter name": "# TYPE _total counter\n_total 1\n",
+    "not the format": "this is { not the prometheus format\n",
+    "value with underscore": "# TYPE g gauge\ng 1_000\n",
+    "hex value": "# TYPE g gauge\ng 0x10\n",
+    "float timestamp": "# TYPE g gauge\ng 1 1.5\n",
+    "tab before the value": "# TYPE g gauge\ng\t1\n",
+    "bare help": "# HELP\n# TYPE g gauge\ng 1\n",
+    "exemplar": '# TYPE g_total counter\ng_total 1 # {trace_id="a"} 1\n',
+}
+
+
+def read(fams) -> list:
+    """What a reader can see of families: those of the types the collector reads, with
+    their samples (names, labels, values as written: int or float, timestamps)."""
+    return [(f.name, f.type, [(s.name, s.labels, repr(s.value), s.timestamp) for s in f.samples])
+            for f in fams if f.type in BUILT and f.samples]
+
+
+def outcome(parse):
+    try:
+        return read(parse())
+    except ValueError as exc:
+        return ("ValueError", str(exc))
+
+
+def reference_outcome(text: str):
+    return outcome(lambda: text_string_to_metric_families(text))
+
+
+def kept(text: str, wanted):
+    """What the collector keeps of a body (service_metrics.parse), or its error."""
+    try:
+        hists, counters, gauges = service_metrics.parse(text, wanted)
+    except ValueError as exc:
+        return ("ValueError", str(exc))
+    return ({k: (h.bounds_s, h.counts.tolist(), h.total_s) for k, h in hists.items()},
+            {k: repr(v) for k, v in counters.items()}, {k: repr(v) for k, v in gauges.items()})
+
+
+@pytest.mark.parametrize("name", list(PLAIN))
+def test_plain_bodies_are_read_as_the_parser_reads_them_without_it(name, monkeypatch):
+    text = PLAIN[name]
+    expected = reference_outcome(text)
+    assert expected and not isinstance(expected[0], str)
+
+    def not_called(_text):
+        raise AssertionError("the plain form went to prometheus_client's parser")
+    monkeypatch.setattr(exposition, "text_string_to_metric_families", not_called)
+    assert outcome(lambda: families(text)) == expected
+
+
+@pytest.mark.parametrize("name", list(ODD))
+def test_odd_text_gets_the_parsers_answer(name):
+    text = ODD[name]
+    assert outcome(lambda: families(text)) == reference_outcome(text)
+
+
+def test_a_family_not_read_keeps_no_samples_and_the_collector_keeps_the_same():
+    text = PLAIN["prometheus_client"]
+    wanted = reference.PROFILE.wants
+    fams = families(text, wanted)
+    assert {f.name for f in fams if f.samples} == {"gateway_request_duration_seconds", "gateway_tool_calls",
+                                                   "gateway_inflight_requests"}
+    assert not [f for f in fams if f.name.startswith(("process_", "python_")) and f.samples]
+    assert kept(text, wanted) == _kept_by_the_parser(text, wanted)
+
+
+def _kept_by_the_parser(text, wanted):
+    real = service_metrics.families
+    service_metrics.families = lambda text, wanted: text_string_to_metric_families(text)
+    try:
+        return kept(text, wanted)
+    finally:
+        service_metrics.families = real
+
+
+EDITS = ['"', "\\", "{", "}", ",", "=", " ", "\t", "#", "_", ":", ".", "e", "+", "-", "Inf", "NaN", "\n",
+         "le", "0", "9", "x", "TYPE", "HELP", "_total", "_bucket", "\r", "é"]
+
+
+def test_random_edits_of_a_plain_body_get_the_parsers_outcome():
+    """3000 bodies, each a plain one with a few random edits (a character or token put in,
+    taken out, a line repeated or moved): what the collector keeps, or the error it
+    reports, is what it kept and reported with prometheus_client's parser alone."""
+    base = PLAIN["edges"] + PLAIN["vllm"].split("# TYPE vllm:num_requests_running")[0][-600:]
+    rng = random.Random(2112)
+    wanted_all, wanted_some = (lambda name: True), (lambda name: not name.startswith(("b", "c")))
+    plain = 0
+    for _ in range(3000):
+        text = base
+        for _ in range(rng.randint(1, 3)):
+            i = rng.randrange(len(text))
+            kind = rng.random()
+            if kind < 0.5:
+                text = text[:i] + rng.choice(EDITS) + text[i:]
+            elif kind < 0.8:
+                text = text[:i] + text[i + rng.randint(1, 4):]
+            else:
+                lines = text.split("\n")
+                j = rng.randrange(len(lines))
+                lines.insert(rng.randrange(len(lines)), lines[j])
+                text = "\n".join(lines)
+        try:
+            exposition._plain(text, wanted_all)
+            plain += 1
+        except exposition._Unusual:
+            pass
+        for wanted in (wanted_all, wanted_some):
+            assert kept(text, wanted) == _kept_by_the_parser(text, wanted), repr(text)
+        assert outcome(lambda: families(text)) == reference_outcome(text), repr(text)
+    assert plain > 500, plain      # the fast path was taken often
