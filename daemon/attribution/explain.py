@@ -48,7 +48,6 @@ tail is):
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -163,8 +162,8 @@ def timing_source(windows: Sequence[Window]) -> str:
     metrics scrapes (a TLS service's requests are encrypted, its /metrics is not);
     counted over all the windows, as a scrape and a map read never split one
     second the same way."""
-    kernel = sum(w.histograms[EBPF_LATENCY].count for w in windows if EBPF_LATENCY in w.histograms)
-    own = sum(w.latency.count for w in windows if w.latency_source == "service" and w.latency is not None)
+    kernel = sum(_timed(w, "ebpf") for w in windows)
+    own = sum(_timed(w, "service") for w in windows)
     return "ebpf" if kernel and kernel >= SAME_REQUESTS * own else "service"
 
 
@@ -187,14 +186,33 @@ class _Stats:
     offered_rps: float = 0.0
 
 
-# span's first window -> {(id of its last, windows, source): _Stats}. An entry goes when its
-# first window does: windows leave the history oldest first, so its last lives as long.
-_spans: "weakref.WeakKeyDictionary[Window, dict]" = weakref.WeakKeyDictionary()
+# What attribution works out of a window is kept in its Window.derived (a Window never
+# changes once built): (id of a span's last window, windows, source) -> that span's _Stats,
+# where the window is the span's first (windows leave the history oldest first, so its last
+# lives as long); ("timed", source) -> requests timed; "p99" -> its latency's P99.
+
+
+def _timed(w: Window, source: str) -> int:
+    """How many requests the window's timing from `source` holds (0 without one)."""
+    known = w.derived
+    key = ("timed", source)
+    if key not in known:
+        h = request_timing(w, source)
+        known[key] = h.count if h is not None else 0
+    return known[key]
+
+
+def _p99(w: Window) -> float | None:
+    """The window's latency P99, None when it answered nothing."""
+    known = w.derived
+    if "p99" not in known:
+        known["p99"] = w.p(0.99) if w.requests else None
+    return known["p99"]
 
 
 def _stats(ws: Sequence[Window], source: str) -> _Stats:
-    """_Stats of windows merged; remembered while the windows live (a Window never changes once built)."""
-    known = _spans.setdefault(ws[0], {})
+    """_Stats of windows merged; remembered while the windows live."""
+    known = ws[0].derived
     key = (id(ws[-1]), len(ws), source)
     if key in known:
         return known[key]
@@ -240,7 +258,7 @@ def _split(windows: Sequence[Window], now: float, recent_s: float, horizon_s: fl
     source: "ttft" or "tpot" to split those, else the request timing's."""
     horizon = [w for w in windows if now - horizon_s < w.end <= now]
     source = source or timing_source(horizon)
-    live = [w for w in horizon if (h := request_timing(w, source)) is not None and h.count]
+    live = [w for w in horizon if _timed(w, source)]
     recent = [w for w in live if w.end > now - recent_s]
     older = [w for w in live if w.end <= now - recent_s]
     spans = [_stats(c, source) for c in _chunks(older, recent_s)]
@@ -356,16 +374,16 @@ def _credit(growth: float, rises: dict[str, float]) -> dict[str, float]:
 
 def _jitter(split: _Split, downstream_windows: Mapping[str, Sequence[Window]]) -> tuple[float, dict[str, float]]:
     ws = split.windows
-    y = np.array([_stats([w], split.source).p99 for w in ws])
+    each = [_stats([w], split.source) for w in ws]
+    y = np.array([s.p99 for s in each])
     if len(ws) < 3 or not np.all(np.isfinite(y)) or y.std() == 0:
         return (float(y.std()) if len(ws) and np.all(np.isfinite(y)) else 0.0), {}
     columns: dict[str, list[float]] = {}
-    readings = [_stats([w], split.source).readings for w in ws]
-    for i, reading in enumerate(readings):
+    for i, reading in enumerate(s.readings for s in each):
         for cause, r in reading.items():
             columns.setdefault(cause, [0.0] * len(ws))[i] = r.value_s
     for name, dws in downstream_windows.items():
-        by_end = {round(w.end, 3): w.p(0.99) for w in dws if w.requests}
+        by_end = {round(w.end, 3): p99 for w in dws if (p99 := _p99(w)) is not None}
         columns[f"downstream:{name}"] = [by_end.get(round(w.end, 3), math.nan) for w in ws]
     names = [c for c, col in columns.items() if np.all(np.isfinite(col)) and np.std(col) > 0]
     if not names:

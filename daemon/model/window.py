@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from daemon.model import labels
 from daemon.model.histogram import BucketHistogram, Histogram
@@ -42,6 +43,12 @@ class Window:
     slo_tpot_s: float = 0.0
     ttft: Histogram | BucketHistogram | None = None   # one value per request
     tpot: Histogram | BucketHistogram | None = None   # one value per gap between two tokens
+
+    @cached_property
+    def derived(self) -> dict:
+        """What later stages work out of this window, kept with it (attribution's
+        statistics): worked out once, as the window never changes."""
+        return {}
 
     @property
     def seconds(self) -> float:

@@ -1,0 +1,86 @@
+"""Attribution keeps what it works out of each window with the window
+(Window.derived), so a window's statistics are computed once, not every second:
+explain_all over a sliding history, window objects reused from call to call,
+must give every field, to the bit, that it gives on fresh copies of the same
+windows, where nothing was kept."""
+import dataclasses
+import math
+import random
+
+import numpy as np
+
+from daemon.attribution.explain import explain_all
+from daemon.model.histogram import BucketHistogram, Histogram
+from daemon.model.window import EBPF_LATENCY, Window
+
+BOUNDS = (.005, .01, .025, .05, .075, .1, .15, .2, .3, .5, .75, 1, 1.5, 2, 3, 5, 10, math.inf)
+CALLS = {"gateway": ("inference", "tools"), "inference": (), "tools": ()}
+HORIZON_S, RECENT_S = 60.0, 2.0
+
+
+def service_histogram(rng, mean_s: float, n: int) -> BucketHistogram:
+    values = [rng.expovariate(1 / mean_s) for _ in range(n)]
+    counts = np.zeros(len(BOUNDS))
+    for v in values:
+        counts[next(i for i, b in enumerate(BOUNDS) if v <= b)] += 1
+    return BucketHistogram(BOUNDS, counts, float(sum(values)))
+
+
+def kernel_histogram(rng, mean_ns: float, n: int) -> Histogram:
+    return Histogram.from_values([rng.expovariate(1 / mean_ns) for _ in range(n)])
+
+
+def window(rng, service: str, t: float) -> Window:
+    """One second of a service; from t = 70 the gateway's run queue and the inference
+    server's queue slow down, so the explanations name causes, not only noise."""
+    fault = t >= 70
+    streams = service == "inference"
+    w = Window(service, t, t + 1.0, 0.5, service_histogram(rng, 0.04 * (3 if fault else 1), 40), "service",
+               slo_ttft_s=0.2 if streams else 0.0, slo_tpot_s=0.05 if streams else 0.0,
+               ttft=service_histogram(rng, 0.02 * (4 if fault else 1), 40) if streams else None,
+               tpot=service_histogram(rng, 0.005, 200) if streams else None)
+    w.histograms[("runqueue_wait", "")] = kernel_histogram(rng, 2e4 * (50 if fault and service == "gateway" else 1), 60)
+    w.histograms[("offcpu", "sleep")] = kernel_histogram(rng, 1e6, 20)
+    w.histograms[("tcp_rtt", "8000")] = kernel_histogram(rng, 1e5, 20)
+    if service == "tools":      # timed by the kernel too: the ebpf timing source
+        w.histograms[EBPF_LATENCY] = kernel_histogram(rng, 4e7, 45)
+    if service == "gateway":
+        for tool in ("search", "calc"):
+            w.histograms[("gateway_tool_duration_seconds", f"tool={tool}")] = service_histogram(rng, 0.01, 10)
+    if streams:
+        w.histograms[("inference_queue_wait_seconds", "")] = service_histogram(rng, 0.01 * (5 if fault else 1), 40)
+        w.histograms[("inference_batch_compute_seconds", "")] = service_histogram(rng, 0.01, 10)
+        w.gauges[("inference_num_requests_waiting", "")] = 12.0 if fault else 2.0
+    return w
+
+
+def fresh(ws):
+    """The same windows as new objects, with nothing derived yet."""
+    return [dataclasses.replace(w) for w in ws]
+
+
+def fields(explanations) -> str:
+    """Every field of every explanation (nested ones too), floats to the last bit."""
+    return repr({name: dataclasses.asdict(e) for name, e in explanations.items()})
+
+
+def test_explanations_from_kept_statistics_equal_a_fresh_recompute():
+    rng = random.Random(21)
+    history = {s: [] for s in CALLS}
+    compared = named = 0
+    for t in range(90):
+        for s in CALLS:
+            history[s] = [w for w in history[s] if w.end > t - HORIZON_S] + [window(rng, s, float(t))]
+        if t < 20 or t % 3:
+            continue
+        kept = explain_all({s: tuple(ws) for s, ws in history.items()}, CALLS, recent_s=RECENT_S,
+                           horizon_s=HORIZON_S)
+        again = explain_all({s: tuple(ws) for s, ws in history.items()}, CALLS, recent_s=RECENT_S,
+                            horizon_s=HORIZON_S)
+        recomputed = explain_all({s: tuple(fresh(ws)) for s, ws in history.items()}, CALLS, recent_s=RECENT_S,
+                                 horizon_s=HORIZON_S)
+        assert fields(kept) == fields(recomputed) == fields(again), t
+        assert history["gateway"][0].derived     # kept with the window, not recomputed each time
+        compared += 1
+        named += sum(bool(e.top_cause) for e in kept.values())
+    assert compared >= 20 and named > 0, (compared, named)
