@@ -189,7 +189,7 @@ class _Stats:
 # What attribution works out of a window is kept in its Window.derived (a Window never
 # changes once built): (id of a span's last window, windows, source) -> that span's _Stats,
 # where the window is the span's first (windows leave the history oldest first, so its last
-# lives as long); ("timed", source) -> requests timed; "p99" -> its latency's P99.
+# lives as long); ("timed", source) -> requests timed; "ended" -> when it ended and its P99.
 
 
 def _timed(w: Window, source: str) -> int:
@@ -202,12 +202,13 @@ def _timed(w: Window, source: str) -> int:
     return known[key]
 
 
-def _p99(w: Window) -> float | None:
-    """The window's latency P99, None when it answered nothing."""
+def _ended(w: Window) -> tuple[float, float | None]:
+    """When the window ended, to the ms (how two services' windows are matched), and its
+    latency's P99 (None when it answered nothing)."""
     known = w.derived
-    if "p99" not in known:
-        known["p99"] = w.p(0.99) if w.requests else None
-    return known["p99"]
+    if "ended" not in known:
+        known["ended"] = (round(w.end, 3), w.p(0.99) if w.requests else None)
+    return known["ended"]
 
 
 def _stats(ws: Sequence[Window], source: str) -> _Stats:
@@ -381,10 +382,12 @@ def _jitter(split: _Split, downstream_windows: Mapping[str, Sequence[Window]]) -
     columns: dict[str, list[float]] = {}
     for i, reading in enumerate(s.readings for s in each):
         for cause, r in reading.items():
-            columns.setdefault(cause, [0.0] * len(ws))[i] = r.value_s
+            if cause not in columns:
+                columns[cause] = [0.0] * len(ws)
+            columns[cause][i] = r.value_s
     for name, dws in downstream_windows.items():
-        by_end = {round(w.end, 3): p99 for w in dws if (p99 := _p99(w)) is not None}
-        columns[f"downstream:{name}"] = [by_end.get(round(w.end, 3), math.nan) for w in ws]
+        by_end = dict(ended for w in dws if (ended := _ended(w))[1] is not None)
+        columns[f"downstream:{name}"] = [by_end.get(_ended(w)[0], math.nan) for w in ws]
     names = [c for c, col in columns.items() if np.all(np.isfinite(col)) and np.std(col) > 0]
     if not names:
         return float(y.std()), {}
