@@ -7,7 +7,6 @@ reading (daemon/profiles/haproxy_config.py) is checked on configs the test write
 and real HAProxy accepts (`haproxy -c`): one file, a directory of *.cfg, a missing
 file and a link out of the directory, each of the last two refused with a hint."""
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -28,21 +27,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@pytest.fixture
-def redis_port(tmp_path):
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed (scripts/setup.sh installs it)")
-    port = free_port()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no",
-                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    try:
-        real_servers._wait_port(port, proc, "redis-server")
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 @pytest.fixture

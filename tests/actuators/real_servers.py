@@ -1,4 +1,4 @@
-"""Real HAProxy and real nginx (Debian's packages) started for a test in its own
+"""Real HAProxy, nginx and Redis (Debian's packages) started for a test in its own
 folder on free loopback ports, and stopped after: what the actuator tests and
 the end-to-end tests push limits into."""
 from __future__ import annotations
@@ -36,6 +36,28 @@ def _free_ports(n: int) -> list[int]:
     for s in socks:
         s.close()
     return ports
+
+
+@contextlib.contextmanager
+def listening(argv: list[str], port: int, log: Path, **popen):
+    """A server process, until it listens on port; stopped after."""
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, **popen)
+    try:
+        _wait_port(port, proc, argv[0])
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@contextlib.contextmanager
+def redis(folder: Path):
+    """Debian's redis-server on a free port, persisting nothing, its files in folder: yields the port."""
+    port, = _free_ports(1)
+    with listening(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(folder)],
+                   port, folder / "redis.log"):
+        yield port
 
 
 def haproxy_stat(sock: str, proxy: str, server: str) -> dict[str, str]:

@@ -11,15 +11,12 @@ checked against a reference of its own:
   (the kernel collector and the window in this process: the count is over the
   whole load, which the daemon's 1 s windows would split)."""
 import asyncio
-import contextlib
 import os
-import shutil
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 import aiohttp
 import numpy as np
@@ -31,7 +28,8 @@ from daemon.config import ServiceConf
 from daemon.control.observations import Inputs, for_throttle
 from daemon.model import window
 from daemon.model.service import ServiceSpec
-from tests.actuators.real_servers import _free_ports, _wait_port, nginx
+from tests.actuators import real_servers
+from tests.actuators.real_servers import _free_ports, nginx
 from tests.conftest import ROOT
 from tests.e2e.conftest import daemon_table
 from tests.e2e.plain_app import SLEEP_S
@@ -40,33 +38,10 @@ from tests.probes.conftest import collected
 RATE, SNAPSHOTS = 60.0, 3     # requests/s, 3 /sleep for each /cache; a snapshot takes ~3 s (the CLI's start)
 
 
-@contextlib.contextmanager
-def _listening(argv: list[str], port: int, log: Path, **popen):
-    """A server process, until it listens on port; stopped after."""
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, **popen)
-    try:
-        _wait_port(port, proc, argv[0])
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
-@pytest.fixture
-def redis_port(tmp_path):
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed (scripts/setup.sh installs it)")
-    port, = _free_ports(1)
-    with _listening(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
-                    port, tmp_path / "redis.log"):
-        yield port
-
-
 @pytest.fixture
 def app_port(redis_port, tmp_path):
     port, = _free_ports(1)
-    with _listening([sys.executable, "-m", "uvicorn", "tests.e2e.plain_app:app", "--port", str(port), "--workers", "1",
+    with real_servers.listening([sys.executable, "-m", "uvicorn", "tests.e2e.plain_app:app", "--port", str(port), "--workers", "1",
                      "--no-access-log"], port, tmp_path / "uvicorn.log", cwd=ROOT,
                     env={**os.environ, "REDIS_PORT": str(redis_port)}):
         yield port
