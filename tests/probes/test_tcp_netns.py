@@ -250,6 +250,12 @@ def test_ports_are_read_in_the_process_namespace_also_when_it_listens_late(links
     late = subprocess.Popen(["ip", "netns", "exec", link.ns, sys.executable, "-c", LATE_LISTENER, str(port), tag],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
+        # the process exists before it listens (the point here), once `ip netns exec` has become
+        # it: a scan in the middle of that exec reads no command line (a loaded CI host hit it)
+        deadline = time.monotonic() + 10
+        while os.path.realpath(f"/proc/{late.pid}/exe") != os.path.realpath(sys.executable):
+            assert time.monotonic() < deadline, "ip netns exec did not start python within 10 s"
+            time.sleep(0.01)
         targeting = Targeting([ServiceSpec("late", cmdline=f"{port} {tag}")])
         found = targeting.scan()["late"]
         netns = os.stat(f"/proc/{late.pid}/ns/net").st_ino
