@@ -202,46 +202,50 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
     queue = obs.p99_s if obs.queue_p99_s is None else obs.queue_p99_s
     service_tail = max(0.0, obs.p99_s - queue)
     budget = max(TARGET * obs.slo_s - service_tail, 0.25 * service_tail)  # queue wait the SLO allows
-    binding = obs.rejected_rps > 0 or obs.in_flight >= 0.9 * state.limit
     slack = 0.1 * budget
     if state.cuts and abs(state.limit - state.cut_to) > max(1.0, 0.1 * state.cut_to):
         state = replace(state, cut_p99=0.0, cuts=0)   # that cut is not in force (rolled back, held): it proved nothing
-    cut_p99, cuts, cut_to = 0.0, 0, state.cut_to
+    run = (state.cut_p99, state.cuts, state.cut_to)   # a hold keeps the run of cuts as it is
+    over = f"queue P99 {queue * 1e3:.0f} ms over its {budget * 1e3:.0f} ms budget"
     if queue > budget and obs.in_flight < 0.5 * state.limit:
-        new, cut_p99, cuts = state.limit, state.cut_p99, state.cuts
-        why = (f"queue P99 {queue * 1e3:.0f} ms over its {budget * 1e3:.0f} ms budget, but {obs.in_flight:.0f} in flight "
-               f"is under half the limit: it is not this limit they wait behind")
+        new, why = state.limit, (f"{over}, but {obs.in_flight:.0f} in flight is under half the limit: "
+                                 f"it is not this limit they wait behind")
     elif queue > budget and obs.degrade_room and obs.p99_s <= obs.slo_s:
         # Degrade first, refuse only when degrading everything is not enough: the dimmer
         # answers the same windows and reaches 1 within a few of them when it cannot hold P99.
-        new, cut_p99, cuts = state.limit, state.cut_p99, state.cuts
-        why = f"queue P99 {queue * 1e3:.0f} ms over its {budget * 1e3:.0f} ms budget: the dimmer can still degrade, it goes first"
+        new, why = state.limit, f"{over}: the dimmer can still degrade, it goes first"
     elif queue > budget and state.cuts >= MISREAD_CUTS and obs.p99_s >= state.cut_p99:
         # A slower host (others' CPU, a slow dependency) reads as queueing too; cuts that did
         # not lower P99 show it was not: hold until P99 falls, not cut down to a few in flight.
-        new, cut_p99, cuts = state.limit, state.cut_p99, state.cuts
-        why = (f"{state.cuts} cuts did not lower P99 ({state.cut_p99 * 1e3:.0f} -> {obs.p99_s * 1e3:.0f} ms): "
-               f"its wait is not at this limit, held")
+        new, why = state.limit, (f"{state.cuts} cuts did not lower P99 ({state.cut_p99 * 1e3:.0f} -> "
+                                 f"{obs.p99_s * 1e3:.0f} ms): its wait is not at this limit, held")
     elif queue > budget:
         factor = clamp((budget + slack) / (queue + slack), 0.5, 0.95)
-        new = cut_to = clamp(state.limit * factor, *LIMIT_BOUNDS)
+        new = clamp(state.limit * factor, *LIMIT_BOUNDS)
         fell = obs.p99_s < state.cut_p99
-        cut_p99, cuts = (obs.p99_s, 1) if fell or not state.cuts else (state.cut_p99, state.cuts + 1)
-        why = f"queue P99 {queue * 1e3:.0f} ms over its {budget * 1e3:.0f} ms budget: x{factor:.2f}"
-    elif binding:
-        factor = clamp((budget + slack) / (queue + slack), 1.0, 1.1)
-        new = state.limit * factor
-        why = f"limit binding, queue P99 {queue * 1e3:.0f} ms within {budget * 1e3:.0f} ms: x{factor:.2f}"
-    elif queue <= 0.5 * budget and state.limit < state.ceiling:
-        new = min(state.ceiling, max(state.limit * 1.1, state.limit + 1))   # +1: an integer limit of 2 grows too
-        why = (f"limit not binding, queue P99 {queue * 1e3:.0f} ms under half its {budget * 1e3:.0f} ms budget: "
-               f"back toward the {state.ceiling:.0f} it started from")
+        run = (obs.p99_s, 1, new) if fell or not state.cuts else (state.cut_p99, state.cuts + 1, new)
+        why = f"{over}: x{factor:.2f}"
     else:
-        new = state.limit
-        why = "limit not binding"
+        run = (0.0, 0, state.cut_to)                   # back in budget: the run of cuts is over
+        new, why = _loosen(state, obs, queue, budget, slack)
     new = clamp(new, *LIMIT_BOUNDS)
+    cut_p99, cuts, cut_to = run
     return (replace(state, limit=new, cut_p99=cut_p99, cuts=cuts, cut_to=cut_to),
             Decision(changed(state.limit, new, "concurrency_limit"), why))
+
+
+def _loosen(state: SlotuneState, obs: Observation, queue: float, budget: float, slack: float) -> tuple[float, str]:
+    """The limit with its queue wait within budget: grown while it binds, given back toward
+    where it started while it neither binds nor queues, else kept."""
+    within = f"queue P99 {queue * 1e3:.0f} ms within {budget * 1e3:.0f} ms"
+    if obs.rejected_rps > 0 or obs.in_flight >= 0.9 * state.limit:
+        factor = clamp((budget + slack) / (queue + slack), 1.0, 1.1)
+        return state.limit * factor, f"limit binding, {within}: x{factor:.2f}"
+    if queue <= 0.5 * budget and state.limit < state.ceiling:
+        return (min(state.ceiling, max(state.limit * 1.1, state.limit + 1)),   # +1: an integer limit of 2 grows too
+                f"limit not binding, queue P99 {queue * 1e3:.0f} ms under half its {budget * 1e3:.0f} ms budget: "
+                f"back toward the {state.ceiling:.0f} it started from")
+    return state.limit, "limit not binding"
 
 
 # The state's field that holds each setting (Policy.resync writes the value in force there).
