@@ -268,15 +268,25 @@ def _split(windows: Sequence[Window], now: float, recent_s: float, horizon_s: fl
     p50, p99 = np.array([s.p50 for s in spans]), np.array([s.p99 for s in spans])
 
     def usual(v: np.ndarray) -> np.ndarray:
-        return v <= np.median(v) + 3 * _robust_sd(v) + NOISE_FLOOR_S
+        return v <= _median(v) + 3 * _robust_sd(v) + NOISE_FLOOR_S
     calm = [s for s, ok in zip(spans, usual(p50) & usual(p99)) if ok][-BASELINE_SPANS:]
     calm_p50, calm_p99 = np.array([s.p50 for s in calm]), np.array([s.p99 for s in calm])
-    return _Split(_stats(recent, source), calm, live, source, float(np.median(calm_p50)),
-                  float(np.median(calm_p99)), _robust_sd(calm_p99), _robust_sd(calm_p50))
+    return _Split(_stats(recent, source), calm, live, source, _median(calm_p50),
+                  _median(calm_p99), _robust_sd(calm_p99), _robust_sd(calm_p50))
+
+
+def _median(values) -> float:
+    """np.median of a short sequence, without its any-axis machinery (a pass over the
+    horizon takes hundreds): the same value, NaN when one is NaN."""
+    v = np.sort(np.asarray(values, dtype=float))
+    n = len(v)
+    if not n or np.isnan(v[-1]):
+        return math.nan
+    return float(v[n // 2]) if n % 2 else float((v[n // 2 - 1] + v[n // 2]) / 2)
 
 
 def _robust_sd(values: np.ndarray) -> float:
-    return 1.4826 * float(np.median(np.abs(values - np.median(values))))
+    return 1.4826 * _median(np.abs(values - _median(values)))
 
 
 def _rises(split: _Split, skip_tools: set[str]) -> dict[str, dict]:
@@ -289,11 +299,11 @@ def _rises(split: _Split, skip_tools: set[str]) -> dict[str, dict]:
         base = [s.readings.get(cause) for s in split.baseline]
         ref = now.get(cause) or next(r for r in base if r is not None)
         values = np.array([r.value_s if r else 0.0 for r in base])
-        median = float(np.median(values))
+        median = _median(values)
         usual = median + NOISE_SIGMAS * _robust_sd(values)
         r = now.get(cause)
         out[cause] = {"signal": ref.signal, "unit": ref.unit, **({"short": ref.short} if ref.short else {}),
-                      "baseline": float(np.median([r.raw if r else 0.0 for r in base])),
+                      "baseline": _median([r.raw if r else 0.0 for r in base]),
                       "recent": r.raw if r else 0.0, "rise_s": max((r.value_s if r else 0.0) - usual, 0.0)}
     return out
 
@@ -319,7 +329,7 @@ def _offered_load(split: _Split, evidence: dict[str, dict], attributable: float)
     times a request from its first read does not see it wait in the socket backlog).
     Returns the evidence with the queue causes folded into "offered_load"."""
     rates = np.array([s.offered_rps for s in split.baseline])
-    base, now = float(np.median(rates)), split.recent.offered_rps
+    base, now = _median(rates), split.recent.offered_rps
     if not base or now <= max(base * (1 + LOAD_RISE), base + NOISE_SIGMAS * _robust_sd(rates)):
         return evidence
     evidence = dict(evidence)

@@ -75,6 +75,7 @@ class GuardFile:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self.written: str | None = None     # the body this process last wrote there
 
     def load(self) -> dict[str, GuardState]:
         """What the last run left; {} for a first start. A file that cannot be read is said
@@ -96,8 +97,11 @@ class GuardFile:
             return {}
 
     def save(self, guards: dict[str, GuardState]) -> None:
-        """Write, fsync, rename, fsync the folder; raises OSError (the caller counts it)."""
+        """Write, fsync, rename, fsync the folder; raises OSError (the caller counts it).
+        Guards the same as last written are not written again (most ticks change none)."""
         body = json.dumps({"version": VERSION, "services": {n: asdict(g) for n, g in guards.items()}})
+        if body == self.written:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
         try:
@@ -115,3 +119,4 @@ class GuardFile:
             os.fsync(folder)
         finally:
             os.close(folder)
+        self.written = body

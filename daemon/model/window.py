@@ -46,8 +46,8 @@ class Window:
 
     @cached_property
     def derived(self) -> dict:
-        """What later stages work out of this window, kept with it (attribution's
-        statistics): worked out once, as the window never changes."""
+        """What later stages work out of this window, kept with it (its quantiles,
+        attribution's statistics): worked out once, as the window never changes."""
         return {}
 
     @property
@@ -63,7 +63,12 @@ class Window:
         return self.requests / self.seconds
 
     def p(self, q: float) -> float:
-        return self.latency.quantile(q) if self.latency is not None else math.nan
+        """The latency's q-quantile (NaN without one), worked out once per q: the control
+        loop and attribution read the same windows' P99 again every second."""
+        known = self.derived
+        if ("p", q) not in known:
+            known[("p", q)] = self.latency.quantile(q) if self.latency is not None else math.nan
+        return known[("p", q)]
 
     def family(self, name: str) -> Histogram | BucketHistogram | None:
         """Every series of one histogram family merged ("tcp_rtt" over its peers), or None."""
