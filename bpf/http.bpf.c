@@ -22,9 +22,13 @@
  *   http_refused/<code>  the same time again for a response that sent the client
  *                        away, 429 or 503 (HTTP_TOO_MANY_REQUESTS,
  *                        HTTP_SERVICE_UNAVAILABLE): a limit_req, a queue timeout.
- * A write costs one lookup of its connection; only a response's first write
- * reads its bytes (12 at the start, 4 at the end), and a 5-byte write or a
- * one-iovec writev() 5 more. */
+ * Every program runs at a syscall's exit and reads what the call was given from
+ * the task's registers (current_call_args), so a read or a write is one program
+ * run and one lookup of its connection: no program on the syscall's entry and no
+ * per-task map between the two. Times are taken at those exits: a write counts
+ * once the kernel has its bytes. Only a response's first write reads its bytes
+ * (12 at the start, 4 at the end), and a 5-byte write or a one-iovec writev() 5
+ * more. */
 
 #define HTTP_STATUS_LINE 12              /* "HTTP/1.1 200" */
 #define HTTP_HEADER_END 0x0a0d0a0d       /* "\r\n\r\n" read as a little-endian u32 */
@@ -42,19 +46,12 @@ struct http_conn {
     u64 first_byte_at;   /* ns of the response's first body write */
     u64 last_write_at;   /* ns of its latest write; 0 until it has one */
     u32 service;
-    u16 checked;         /* the first bytes looked like a request line */
+    u8 checked;          /* the first bytes looked like a request line */
+    u8 spoke;            /* it has answered with an HTTP/1.x status line: no TLS connection */
     u16 refused;         /* the response's status if it is a refusal (429, 503), else 0 */
 };
 
 BPF_TABLE("lru_hash", struct http_conn_key, struct http_conn, http_conns, 65536);
-
-struct http_read {
-    u64 buf;             /* user buffer of read/recvfrom, 0 for readv/recvmsg */
-    u32 fd;
-    u32 pad;
-};
-
-BPF_TABLE("lru_hash", u32, struct http_read, http_reading, 16384);   /* tid -> read in flight */
 
 /* How a write syscall hands over its bytes. */
 #define HTTP_BUF 0       /* write, sendto: buf, len */
@@ -93,34 +90,19 @@ static __always_inline void http_response_over(struct http_conn *c)
     c->refused = 0;
 }
 
-static __always_inline int http_read_enter(u64 fd, u64 buf)
+/* The state of the current process's connection on fd, or 0 when it is no
+ * HTTP/1.x connection a watched task accepted. */
+static __always_inline struct http_conn *http_conn_of(u64 fd)
 {
-    if (!maybe_watched(current_tid()))
-        return 0;
     struct http_conn_key k = {.tgid = current_tgid(), .fd = (u32)fd};
-    if (!http_conns.lookup(&k))
-        return 0;
-    u32 tid = current_tid();
-    struct http_read r = {.buf = buf, .fd = (u32)fd};
-    http_reading.update(&tid, &r);
-    return 0;
+    return http_conns.lookup(&k);
 }
 
-static __always_inline int http_read_exit(long ret)
+/* A read of `ret` bytes returned on fd, whose state is c (http_conn_of); buf is
+ * where they went (0 for readv, recvmsg: their first byte is not checked). */
+static __always_inline int http_read_done(struct http_conn *c, long ret, u64 fd, u64 buf)
 {
-    u32 tid = current_tid();
-    if (!maybe_watched(tid))
-        return 0;
-    struct http_read *r = http_reading.lookup(&tid);
-    if (!r)
-        return 0;
-    struct http_conn_key k = {.tgid = current_tgid(), .fd = r->fd};
-    u64 buf = r->buf;
-    http_reading.delete(&tid);
-    if (ret < 0)
-        return 0;
-    struct http_conn *c = http_conns.lookup(&k);
-    if (!c)
+    if (ret < 0 || !c)
         return 0;
     if (ret == 0 || c->last_write_at) {          /* end of file, or the next request */
         http_response_over(c);
@@ -136,6 +118,7 @@ static __always_inline int http_read_exit(long ret)
         char first = 0;
         bpf_probe_read_user(&first, 1, (void *)buf);
         if (first < 'A' || first > 'Z') {
+            struct http_conn_key k = {.tgid = current_tgid(), .fd = (u32)fd};
             http_conns.delete(&k);
             return 0;
         }
@@ -161,6 +144,15 @@ static __always_inline void http_segments(u32 how, u64 buf, u64 len, u64 first[2
     }
     if (len == 0 || len > HTTP_MAX_IOV)
         return;
+    if (len <= 2) {                              /* the usual case: one read for both */
+        u64 iov[4] = {};
+        bpf_probe_read_user(iov, len == 1 ? 2 * sizeof(u64) : 4 * sizeof(u64), (void *)buf);
+        first[0] = iov[0];
+        first[1] = iov[1];
+        last[0] = iov[len == 1 ? 0 : 2];
+        last[1] = iov[len == 1 ? 1 : 3];
+        return;
+    }
     bpf_probe_read_user(first, 2 * sizeof(u64), (void *)buf);
     bpf_probe_read_user(last, 2 * sizeof(u64), (void *)(buf + (len - 1) * 2 * sizeof(u64)));
 }
@@ -200,14 +192,13 @@ static __always_inline int http_last_chunk(u32 how, u64 buf, u64 len)
     return chunk == HTTP_LAST_CHUNK;
 }
 
-static __always_inline int http_write_enter(u64 fd, u32 how, u64 buf, u64 len)
+/* A write of `ret` bytes returned on fd, whose state is c (http_conn_of), handed
+ * over as `how` says (buf, len). */
+static __always_inline int http_write_done(struct http_conn *c, long ret, u64 fd, u32 how, u64 buf, u64 len)
 {
-    if (!maybe_watched(current_tid()))
+    if (ret <= 0 || !c || c->request_at == 0)
         return 0;
     struct http_conn_key k = {.tgid = current_tgid(), .fd = (u32)fd};
-    struct http_conn *c = http_conns.lookup(&k);
-    if (!c || c->request_at == 0)
-        return 0;
     u64 now = bpf_ktime_get_ns();
     if (!c->last_write_at && how != HTTP_FILE) {
         int headers_only = 0;
@@ -216,6 +207,7 @@ static __always_inline int http_write_enter(u64 fd, u32 how, u64 buf, u64 len)
             http_conns.delete(&k);
             return 0;
         }
+        c->spoke = 1;
         if (status < 200)                        /* 100 Continue and the like: the answer comes later */
             return 0;
         count_add(c->service, SIG_HTTP_STATUS, status / 100, 1);
@@ -251,29 +243,32 @@ static __always_inline int http_write_enter(u64 fd, u32 how, u64 buf, u64 len)
 int on_accept_exit(struct tracepoint__syscalls__sys_exit_accept *args)   { TLS_ALSO(tls_opened(args->ret, 1)); return http_accepted(args->ret); }
 int on_accept4_exit(struct tracepoint__syscalls__sys_exit_accept4 *args) { TLS_ALSO(tls_opened(args->ret, 1)); return http_accepted(args->ret); }
 
-int on_read_enter(struct tracepoint__syscalls__sys_enter_read *args) { TLS_ALSO(tls_io_enter(args->fd, (u64)args->buf, 0, TLS_READ)); return http_read_enter(args->fd, (u64)args->buf); }
-int on_readv_enter(struct tracepoint__syscalls__sys_enter_readv *args) { TLS_ALSO(tls_io_enter(args->fd, (u64)args->vec, args->vlen, TLS_READ)); return http_read_enter(args->fd, 0); }
-int on_recvfrom_enter(struct tracepoint__syscalls__sys_enter_recvfrom *args) { TLS_ALSO(tls_recv_enter(args->fd, (u64)args->ubuf, args->flags)); return http_read_enter(args->fd, (u64)args->ubuf); }
-int on_recvmsg_enter(struct tracepoint__syscalls__sys_enter_recvmsg *args) { TLS_ALSO(tls_msg_enter(args->fd, (u64)args->msg, args->flags, TLS_READ)); return http_read_enter(args->fd, 0); }
-int on_read_exit(struct tracepoint__syscalls__sys_exit_read *args)         { TLS_ALSO(tls_io_exit(args->ret)); return http_read_exit(args->ret); }
-int on_readv_exit(struct tracepoint__syscalls__sys_exit_readv *args)       { TLS_ALSO(tls_io_exit(args->ret)); return http_read_exit(args->ret); }
-int on_recvfrom_exit(struct tracepoint__syscalls__sys_exit_recvfrom *args) { TLS_ALSO(tls_io_exit(args->ret)); return http_read_exit(args->ret); }
-int on_recvmsg_exit(struct tracepoint__syscalls__sys_exit_recvmsg *args)   { TLS_ALSO(tls_io_exit(args->ret)); return http_read_exit(args->ret); }
+/* The reads and writes (a.arg: fd; buffer, iovec array or msghdr; length,
+ * iovec count or flags; recvfrom's flags). A connection that has answered with
+ * an HTTP/1.x status line is no TLS one: the tls family's hook is skipped for it,
+ * one lookup less on each of its reads and writes. */
+#define HTTP_EXIT(call, tls_hook, http_hook)                                      \
+ON_SYSCALL_EXIT(call, struct http_conn *c = http_conn_of(a.arg[0]);               \
+                if (!c || !c->spoke) { TLS_ALSO(tls_hook); } http_hook)
 
-int on_write_enter(struct tracepoint__syscalls__sys_enter_write *args) { TLS_ALSO(tls_io_enter(args->fd, (u64)args->buf, 0, TLS_WRITE)); return http_write_enter(args->fd, HTTP_BUF, (u64)args->buf, args->count); }
-int on_writev_enter(struct tracepoint__syscalls__sys_enter_writev *args) { TLS_ALSO(tls_io_enter(args->fd, (u64)args->vec, args->vlen, TLS_WRITE)); return http_write_enter(args->fd, HTTP_IOV, (u64)args->vec, args->vlen); }
-int on_sendto_enter(struct tracepoint__syscalls__sys_enter_sendto *args) { TLS_ALSO(tls_io_enter(args->fd, (u64)args->buff, 0, TLS_WRITE)); return http_write_enter(args->fd, HTTP_BUF, (u64)args->buff, args->len); }
-int on_sendmsg_enter(struct tracepoint__syscalls__sys_enter_sendmsg *args) { TLS_ALSO(tls_msg_enter(args->fd, (u64)args->msg, args->flags, TLS_WRITE)); return http_write_enter(args->fd, HTTP_MSG, (u64)args->msg, 0); }
-int on_sendfile_enter(struct tracepoint__syscalls__sys_enter_sendfile64 *args) { return http_write_enter(args->out_fd, HTTP_FILE, 0, 0); }
+HTTP_EXIT(read, tls_io_done(args->ret, a.arg[0], a.arg[1], 0, TLS_READ), http_read_done(c, args->ret, a.arg[0], a.arg[1]))
+HTTP_EXIT(readv, tls_io_done(args->ret, a.arg[0], a.arg[1], a.arg[2], TLS_READ), http_read_done(c, args->ret, a.arg[0], 0))
+HTTP_EXIT(recvfrom, tls_recv_done(args->ret, a.arg[0], a.arg[1], a.arg[3]), http_read_done(c, args->ret, a.arg[0], a.arg[1]))
+HTTP_EXIT(recvmsg, tls_msg_done(args->ret, a.arg[0], a.arg[1], a.arg[2], TLS_READ), http_read_done(c, args->ret, a.arg[0], 0))
+HTTP_EXIT(write, tls_io_done(args->ret, a.arg[0], a.arg[1], 0, TLS_WRITE), http_write_done(c, args->ret, a.arg[0], HTTP_BUF, a.arg[1], args->ret))
+HTTP_EXIT(writev, tls_io_done(args->ret, a.arg[0], a.arg[1], a.arg[2], TLS_WRITE), http_write_done(c, args->ret, a.arg[0], HTTP_IOV, a.arg[1], a.arg[2]))
+HTTP_EXIT(sendto, tls_io_done(args->ret, a.arg[0], a.arg[1], 0, TLS_WRITE), http_write_done(c, args->ret, a.arg[0], HTTP_BUF, a.arg[1], args->ret))
+HTTP_EXIT(sendmsg, tls_msg_done(args->ret, a.arg[0], a.arg[1], a.arg[2], TLS_WRITE), http_write_done(c, args->ret, a.arg[0], HTTP_MSG, a.arg[1], 0))
+ON_SYSCALL_EXIT(sendfile64, http_write_done(http_conn_of(a.arg[0]), args->ret, a.arg[0], HTTP_FILE, 0, 0))
 
 int on_close_enter(struct tracepoint__syscalls__sys_enter_close *args)
 {
     TLS_ALSO(tls_closed(args->fd));
     if (!maybe_watched(current_tid()))
         return 0;
-    struct http_conn_key k = {.tgid = current_tgid(), .fd = (u32)args->fd};
-    struct http_conn *c = http_conns.lookup(&k);
+    struct http_conn *c = http_conn_of(args->fd);
     if (c) {
+        struct http_conn_key k = {.tgid = current_tgid(), .fd = (u32)args->fd};
         http_response_over(c);
         http_conns.delete(&k);
     }

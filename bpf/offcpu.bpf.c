@@ -24,12 +24,6 @@ struct offcpu_left {
 BPF_TABLE("lru_hash", u32, struct offcpu_left, offcpu_since, 16384);   /* tid -> blocked since */
 
 #define OFFCPU_BLOCKED 0x0f   /* TASK_INTERRUPTIBLE, _UNINTERRUPTIBLE, __TASK_STOPPED, __TASK_TRACED */
-#if defined(__x86_64__)
-#define PT_REGS_NR_OFF 120    /* orig_ax */
-#define PT_REGS_AX_OFF 80     /* ax: -ENOSYS until the syscall returns */
-#elif defined(__aarch64__)
-#define PT_REGS_NR_OFF 280    /* syscallno (s32) */
-#endif
 
 static __always_inline u32 syscall_class(long nr)
 {
@@ -73,18 +67,11 @@ static __always_inline u32 syscall_class(long nr)
 /* The syscall the current task is in, or -1 when it is not in one. */
 static __always_inline long current_syscall(void)
 {
-    u64 regs = (u64)bpf_task_pt_regs(bpf_get_current_task_btf());
+    struct pt_regs *regs = current_regs();
 #if defined(__x86_64__)
-    long nr = -1, ax = 0;
-    bpf_probe_read_kernel(&ax, sizeof(ax), (void *)(regs + PT_REGS_AX_OFF));
-    if (ax != -38)
-        return -1;
-    bpf_probe_read_kernel(&nr, sizeof(nr), (void *)(regs + PT_REGS_NR_OFF));
-    return nr;
+    return regs->ax == -38 ? (long)regs->orig_ax : -1;   /* ax is -ENOSYS until it returns */
 #elif defined(__aarch64__)
-    int nr = -1;
-    bpf_probe_read_kernel(&nr, sizeof(nr), (void *)(regs + PT_REGS_NR_OFF));
-    return nr;
+    return (int)regs->syscallno;                          /* -1 outside a syscall */
 #else
     return -1;
 #endif

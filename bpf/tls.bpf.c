@@ -47,15 +47,7 @@ struct tls_conn {
     u64 header[2];       /* per direction: those bytes, the first one lowest */
 };
 
-struct tls_io {
-    u64 buf;             /* the buffer, or the iovec array when iovcnt > 0 */
-    u32 fd;
-    u32 iovcnt;
-    u32 direction;       /* TLS_READ or TLS_WRITE */
-};
-
 BPF_TABLE("lru_hash", struct tls_conn_key, struct tls_conn, tls_conns, 16384);
-BPF_TABLE("lru_hash", u32, struct tls_io, tls_ios, 16384);     /* tid -> read/write in flight */
 
 /* ---- handshakes, from the records ---- */
 
@@ -76,7 +68,8 @@ static __always_inline void tls_closed(u64 fd)
     if (!maybe_watched(current_tid()))
         return;
     struct tls_conn_key k = {.tgid = current_tgid(), .fd = (u32)fd};
-    tls_conns.delete(&k);
+    if (tls_conns.lookup(&k))   /* a lookup takes no lock: most closed fds were never ours */
+        tls_conns.delete(&k);
 }
 
 /* One record header has been read. Returns 1 when it ends the handshake. */
@@ -164,61 +157,27 @@ static __always_inline int tls_data(struct tls_conn *c, u32 dir, u64 buf, u64 le
     return r != 0;
 }
 
-static __always_inline void tls_io_enter(u64 fd, u64 buf, u64 iovcnt, u32 dir)
+/* A read or write of `ret` bytes returned on fd: buf is the buffer, or the iovec
+ * array when iovcnt > 0. For a task that may be watched (ON_SYSCALL_EXIT). */
+static __always_inline void tls_io_done(long ret, u64 fd, u64 buf, u64 iovcnt, u32 dir)
 {
-    u32 tid = current_tid();
-    if (!maybe_watched(tid))
+    if (ret <= 0)
         return;
     struct tls_conn_key k = {.tgid = current_tgid(), .fd = (u32)fd};
-    if (!tls_conns.lookup(&k))
-        return;
-    struct tls_io io = {.buf = buf, .fd = (u32)fd, .iovcnt = (u32)iovcnt, .direction = dir};
-    tls_ios.update(&tid, &io);
-}
-
-/* recvfrom: a MSG_PEEK read leaves the bytes queued for the next read. */
-static __always_inline void tls_recv_enter(u64 fd, u64 buf, u32 flags)
-{
-    if (!(flags & TLS_MSG_PEEK))
-        tls_io_enter(fd, buf, 0, TLS_READ);
-}
-
-/* recvmsg/sendmsg: the iovecs of a struct user_msghdr (msg_iov at 16, msg_iovlen at 24). */
-static __always_inline void tls_msg_enter(u64 fd, u64 msg, u32 flags, u32 dir)
-{
-    if (!maybe_watched(current_tid()) || !msg || (flags & TLS_MSG_PEEK))
-        return;
-    u64 iov[2] = {};
-    bpf_probe_read_user(iov, sizeof(iov), (void *)(msg + 16));
-    if (iov[1])
-        tls_io_enter(fd, iov[0], iov[1], dir);
-}
-
-static __always_inline void tls_io_exit(long ret)
-{
-    u32 tid = current_tid();
-    if (!maybe_watched(tid))
-        return;
-    struct tls_io *found = tls_ios.lookup(&tid);
-    if (!found)
-        return;
-    struct tls_io io = *found;
-    tls_ios.delete(&tid);
-    struct tls_conn_key k = {.tgid = current_tgid(), .fd = io.fd};
     struct tls_conn *c = tls_conns.lookup(&k);
-    if (ret <= 0 || !c)
+    if (!c)
         return;
     int done = 0;
-    if (!io.iovcnt) {
-        done = tls_data(c, io.direction, io.buf, ret);
+    if (!iovcnt) {
+        done = tls_data(c, dir, buf, ret);
     } else {
         u64 rest = ret;
-        for (int i = 0; i < TLS_IOVECS && i < io.iovcnt && rest && !done; i++) {
+        for (int i = 0; i < TLS_IOVECS && i < iovcnt && rest && !done; i++) {
             u64 iov[2] = {};     /* struct iovec: base, len */
-            bpf_probe_read_user(iov, sizeof(iov), (void *)(io.buf + i * sizeof(iov)));
+            bpf_probe_read_user(iov, sizeof(iov), (void *)(buf + i * sizeof(iov)));
             u64 part = iov[1] < rest ? iov[1] : rest;
             if (part)
-                done = tls_data(c, io.direction, iov[0], part);
+                done = tls_data(c, dir, iov[0], part);
             rest -= part;
         }
         done |= rest != 0 && c->started != 0;   /* bytes past the iovecs followed: boundaries lost */
@@ -227,29 +186,41 @@ static __always_inline void tls_io_exit(long ret)
         tls_conns.delete(&k);
 }
 
-int on_connect_enter(struct tracepoint__syscalls__sys_enter_connect *args) { tls_opened(args->fd, 0); return 0; }
-int on_write_exit(struct tracepoint__syscalls__sys_exit_write *args)       { tls_io_exit(args->ret); return 0; }
-int on_writev_exit(struct tracepoint__syscalls__sys_exit_writev *args)     { tls_io_exit(args->ret); return 0; }
-int on_sendto_exit(struct tracepoint__syscalls__sys_exit_sendto *args)     { tls_io_exit(args->ret); return 0; }
-int on_sendmsg_exit(struct tracepoint__syscalls__sys_exit_sendmsg *args)   { tls_io_exit(args->ret); return 0; }
+/* recvfrom: a MSG_PEEK read leaves the bytes queued for the next read. */
+static __always_inline void tls_recv_done(long ret, u64 fd, u64 buf, u64 flags)
+{
+    if (!(flags & TLS_MSG_PEEK))
+        tls_io_done(ret, fd, buf, 0, TLS_READ);
+}
+
+/* recvmsg/sendmsg: the iovecs of a struct user_msghdr (msg_iov at 16, msg_iovlen at 24). */
+static __always_inline void tls_msg_done(long ret, u64 fd, u64 msg, u64 flags, u32 dir)
+{
+    if (ret <= 0 || !msg || (flags & TLS_MSG_PEEK))
+        return;
+    u64 iov[2] = {};
+    bpf_probe_read_user(iov, sizeof(iov), (void *)(msg + 16));
+    if (iov[1])
+        tls_io_done(ret, fd, iov[0], iov[1], dir);
+}
+
+/* connect() returned 0, or -EINPROGRESS on a non-blocking socket: the ClientHello is ours to write. */
+#define TLS_EINPROGRESS -115
+ON_SYSCALL_EXIT(connect, if (args->ret == 0 || args->ret == TLS_EINPROGRESS) tls_opened(a.arg[0], 0))
 
 #ifndef FAMILY_HTTP
 /* Without the http family these syscalls are this family's alone; with it,
  * bpf/http.bpf.c's programs on them call the tls_* hooks above as well. */
 int on_accept_exit(struct tracepoint__syscalls__sys_exit_accept *args)       { tls_opened(args->ret, 1); return 0; }
 int on_accept4_exit(struct tracepoint__syscalls__sys_exit_accept4 *args)     { tls_opened(args->ret, 1); return 0; }
-int on_read_enter(struct tracepoint__syscalls__sys_enter_read *args)         { tls_io_enter(args->fd, (u64)args->buf, 0, TLS_READ); return 0; }
-int on_readv_enter(struct tracepoint__syscalls__sys_enter_readv *args)       { tls_io_enter(args->fd, (u64)args->vec, args->vlen, TLS_READ); return 0; }
-int on_recvfrom_enter(struct tracepoint__syscalls__sys_enter_recvfrom *args) { tls_recv_enter(args->fd, (u64)args->ubuf, args->flags); return 0; }
-int on_recvmsg_enter(struct tracepoint__syscalls__sys_enter_recvmsg *args)   { tls_msg_enter(args->fd, (u64)args->msg, args->flags, TLS_READ); return 0; }
-int on_read_exit(struct tracepoint__syscalls__sys_exit_read *args)           { tls_io_exit(args->ret); return 0; }
-int on_readv_exit(struct tracepoint__syscalls__sys_exit_readv *args)         { tls_io_exit(args->ret); return 0; }
-int on_recvfrom_exit(struct tracepoint__syscalls__sys_exit_recvfrom *args)   { tls_io_exit(args->ret); return 0; }
-int on_recvmsg_exit(struct tracepoint__syscalls__sys_exit_recvmsg *args)     { tls_io_exit(args->ret); return 0; }
-int on_write_enter(struct tracepoint__syscalls__sys_enter_write *args)       { tls_io_enter(args->fd, (u64)args->buf, 0, TLS_WRITE); return 0; }
-int on_writev_enter(struct tracepoint__syscalls__sys_enter_writev *args)     { tls_io_enter(args->fd, (u64)args->vec, args->vlen, TLS_WRITE); return 0; }
-int on_sendto_enter(struct tracepoint__syscalls__sys_enter_sendto *args)     { tls_io_enter(args->fd, (u64)args->buff, 0, TLS_WRITE); return 0; }
-int on_sendmsg_enter(struct tracepoint__syscalls__sys_enter_sendmsg *args)   { tls_msg_enter(args->fd, (u64)args->msg, args->flags, TLS_WRITE); return 0; }
+ON_SYSCALL_EXIT(read, tls_io_done(args->ret, a.arg[0], a.arg[1], 0, TLS_READ))
+ON_SYSCALL_EXIT(readv, tls_io_done(args->ret, a.arg[0], a.arg[1], a.arg[2], TLS_READ))
+ON_SYSCALL_EXIT(recvfrom, tls_recv_done(args->ret, a.arg[0], a.arg[1], a.arg[3]))
+ON_SYSCALL_EXIT(recvmsg, tls_msg_done(args->ret, a.arg[0], a.arg[1], a.arg[2], TLS_READ))
+ON_SYSCALL_EXIT(write, tls_io_done(args->ret, a.arg[0], a.arg[1], 0, TLS_WRITE))
+ON_SYSCALL_EXIT(writev, tls_io_done(args->ret, a.arg[0], a.arg[1], a.arg[2], TLS_WRITE))
+ON_SYSCALL_EXIT(sendto, tls_io_done(args->ret, a.arg[0], a.arg[1], 0, TLS_WRITE))
+ON_SYSCALL_EXIT(sendmsg, tls_msg_done(args->ret, a.arg[0], a.arg[1], a.arg[2], TLS_WRITE))
 int on_close_enter(struct tracepoint__syscalls__sys_enter_close *args)       { tls_closed(args->fd); return 0; }
 #endif
 

@@ -79,7 +79,7 @@ def test_default_sizes_drop_nothing_under_the_same_workload(kernel, spawn, tag):
 def test_the_sizes_reach_the_generated_defines():
     text = program_text([], {"hists": 64, "watched": 128})
     assert "#define MAX_HISTS 64\n" in text and "#define MAX_WATCHED 128\n" in text
-    assert f"#define MAX_SUMS {MAP_ENTRIES['sums']}\n" in text
+    assert f"#define MAX_COUNTS {MAP_ENTRIES['counts']}\n" in text
 
 
 MINIMAL = "[services.api]\ncmdline = 'myapi'\n"
@@ -109,11 +109,11 @@ def test_the_daemon_builds_its_kernel_collector_with_the_sizes_and_keeps_them_on
 
 
 @pytest.mark.parametrize("value, key, reason", [
-    ("{ buckets = 1024 }", "daemon.bpf_map_entries.buckets", "no BPF map 'buckets'; known: hists, sums"),
+    ("{ buckets = 1024 }", "daemon.bpf_map_entries.buckets", "no BPF map 'buckets'; known: hists, counts, watched"),
     ("{ hists = 0 }", "daemon.bpf_map_entries.hists", "outside 64..4194304"),
     ("{ watched = 8388608 }", "daemon.bpf_map_entries.watched", "outside 64..4194304"),
-    ("{ sums = 1024.0 }", "daemon.bpf_map_entries.sums", "must be int"),
-    ("{ counts = true }", "daemon.bpf_map_entries.counts", "must be int"),
+    ("{ counts = 1024.0 }", "daemon.bpf_map_entries.counts", "must be int"),
+    ("{ watched = true }", "daemon.bpf_map_entries.watched", "must be int"),
     ("4096", "daemon.bpf_map_entries", "must be a table"),
 ])
 def test_a_bad_size_is_refused_naming_the_key(tmp_path, value, key, reason):

@@ -32,7 +32,7 @@ def test_kernel_slots_equal_python_slots(root_only):
         got = {}
         for v in VALUES:
             libc.syscall(110, ctypes.c_ulong(v))
-            slots = {k.slot: c for k, c in items(b["hists"])}
+            slots = {k.slot: bucket.count for k, bucket in items(b["hists"])}
             new = {s for s, c in slots.items() if c != got.get(s, 0)}
             assert len(new) == 1, f"value {v}: expected one bucket to move, got {new}"
             slot = new.pop()

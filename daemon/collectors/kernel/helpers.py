@@ -21,6 +21,11 @@ class Helper(NamedTuple):
     since: tuple[int, int]
 
 
+# What reading a task's saved user registers takes (current_regs in bpf/common.h):
+# the syscall in progress (offcpu), a syscall's arguments at its exit (http, tls).
+PT_REGS = (Helper("bpf_get_current_task_btf", 158, (5, 11)), Helper("bpf_task_pt_regs", 175, (5, 15)))
+
+
 def release() -> tuple[int, int]:
     m = re.match(r"(\d+)\.(\d+)", platform.release())
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)

@@ -3,6 +3,7 @@ response, its first body byte (a streaming LLM server's TTFT), the gaps between
 its body writes (inter-token), its status class, and the responses that sent
 the client away (429, 503: a limit or a queue timeout), timed apart."""
 from daemon.collectors.kernel.family import Family, Signal
+from daemon.collectors.kernel.helpers import PT_REGS
 
 
 def syscall_points(*calls: tuple[str, str]) -> tuple[tuple[str, str], ...]:
@@ -10,12 +11,14 @@ def syscall_points(*calls: tuple[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple((f"syscalls:sys_{when}_{call}", f"on_{call}_{when}") for when, call in calls)
 
 
-# The socket syscalls the tls family reads too: one program on each serves both (bpf/http.bpf.c).
+# The socket syscalls the tls family reads too: one program on each serves both
+# (bpf/http.bpf.c). All at the syscall's exit, which reads the call's arguments
+# from the task's registers (current_call_args in bpf/common.h), but close, whose
+# fd another thread may own again by its exit.
 SOCKET_CALLS = syscall_points(
     ("exit", "accept"), ("exit", "accept4"),
-    ("enter", "read"), ("enter", "readv"), ("enter", "recvfrom"), ("enter", "recvmsg"),
     ("exit", "read"), ("exit", "readv"), ("exit", "recvfrom"), ("exit", "recvmsg"),
-    ("enter", "write"), ("enter", "writev"), ("enter", "sendto"), ("enter", "sendmsg"),
+    ("exit", "write"), ("exit", "writev"), ("exit", "sendto"), ("exit", "sendmsg"),
     ("enter", "close"))
 
 STATUS_CLASSES = {n: f"{n}xx" for n in range(2, 6)}   # label id: the status code's first digit
@@ -41,7 +44,8 @@ class Http(Family):
                Signal("http_refused", "slotune_http_refused_duration_seconds", "status", "histogram",
                       "HTTP/1.x responses that refused the request (429, 503), timed as http_request: "
                       "they are also in it"))
-    tracepoints = SOCKET_CALLS + (("syscalls:sys_enter_sendfile64", "on_sendfile_enter"),)
+    tracepoints = SOCKET_CALLS + syscall_points(("exit", "sendfile64"))
+    helpers = PT_REGS
     defines = {"FAMILY_HTTP": 1, **REFUSED}
 
     def label(self, signal: str, label_id: int) -> str:

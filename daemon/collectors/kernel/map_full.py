@@ -14,8 +14,8 @@ from daemon.collectors.kernel.program import MAP_ENTRIES, MAP_ENTRIES_RANGE
 log = logging.getLogger(__name__)
 
 CONFIG_KEY = "daemon.bpf_map_entries"
-EFFECT = {"hists": "histogram buckets are lost, so percentiles read low exactly when new tail slots appear",
-          "sums": "histogram sums are lost, so means read low",
+EFFECT = {"hists": "histogram buckets (and their sums) are lost, so percentiles and means read low exactly "
+                   "when new tail slots appear",
           "counts": "counters stop counting new series",
           "watched": "new tasks of the services go unwatched, so their events are not counted"}
 

@@ -37,9 +37,15 @@ def arrays(table) -> tuple[np.ndarray, np.ndarray]:
 
 def _from_items(table) -> tuple[np.ndarray, np.ndarray]:
     pairs = list(table.items())
-    key_type = np.dtype(table.Key)
-    keys = np.array([tuple(getattr(k, f) for f, _ in k._fields_) for k, _ in pairs], dtype=key_type)
-    return keys, np.array([_plain(v) for _, v in pairs], dtype=np.dtype(table.Leaf))
+    keys = np.array([_fields(k) for k, _ in pairs], dtype=np.dtype(table.Key))
+    return keys, np.array([_fields(v) for _, v in pairs], dtype=np.dtype(table.Leaf))
+
+
+def _fields(value):
+    """A ctypes struct as the tuple numpy takes for its structured dtype; a number as itself."""
+    if isinstance(value, ctypes.Structure):
+        return tuple(getattr(value, f) for f, _ in value._fields_)
+    return _plain(value)
 
 
 def items(table) -> list:

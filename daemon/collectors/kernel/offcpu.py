@@ -4,7 +4,7 @@ import logging
 
 from daemon.collectors.kernel.btf import BtfError, offsets
 from daemon.collectors.kernel.family import Family, Signal
-from daemon.collectors.kernel.helpers import Helper
+from daemon.collectors.kernel.helpers import PT_REGS
 
 log = logging.getLogger(__name__)
 TASK_STATE = ("task_struct", "__state")
@@ -21,7 +21,7 @@ class OffCpu(Family):
     # Shared with the runqueue family: one program serves both (bpf/offcpu.bpf.c).
     tracepoints = (("sched:sched_switch", "on_sched_switch"),)
     # The syscall in progress comes from the task's saved registers (bpf/offcpu.bpf.c).
-    helpers = (Helper("bpf_get_current_task_btf", 158, (5, 11)), Helper("bpf_task_pt_regs", 175, (5, 15)))
+    helpers = PT_REGS
     defines = {**{f"OFFCPU_{c.upper()}": i for i, c in enumerate(SYSCALL_CLASSES)}, "FAMILY_OFFCPU": 1}
 
     def __init__(self):

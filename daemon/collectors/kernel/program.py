@@ -30,8 +30,7 @@ HINT_SLOTS = 4096
 SHARED_WITH_C = {"SUB_BITS": SUB_BITS, "SUB": SUB, "SLOTS": SLOTS, "HINT_SLOTS": HINT_SLOTS}
 # The shared maps whose inserts can fail, in map-id order (MAP_<NAME> in C, the index
 # into map_full), with their default sizes (MAX_<NAME>; daemon.bpf_map_entries changes them).
-MAP_ENTRIES = {"hists": 32768,      # non-empty buckets over every series
-               "sums": 4096,        # exact histogram sums: one per (service, signal, label)
+MAP_ENTRIES = {"hists": 32768,      # non-empty buckets over every series, each with its sum
                "counts": 4096,      # counters: one per (service, signal, label)
                "watched": 65536}    # task id -> service id
 MAP_ENTRIES_RANGE = (64, 4194304)   # below 64 one busy signal fills a map; 2**22 is Linux's largest pid_max
@@ -150,16 +149,19 @@ class Program:
         return self.bpf[name]
 
     def histograms(self) -> tuple[dict, dict]:
-        """Cumulative (hist counts, sums ns), each keyed (service, signal, label)."""
+        """Cumulative (hist counts, sums ns), each keyed (service, signal, label): a
+        series' sum is the sum of its buckets' sums."""
         keys, values = arrays(self.bpf["hists"])
         inside = keys["slot"] < SLOTS
-        keys, values = keys[inside], values[inside].astype(np.int64)
+        keys, values = keys[inside], values[inside]
         series = (keys["service"].astype(np.int64) << 32) | (keys["signal"].astype(np.int64) << 16) | keys["label"]
         ids, row = np.unique(series, return_inverse=True)
         counts = np.zeros((len(ids), SLOTS), dtype=np.int64)
-        np.add.at(counts, (row, keys["slot"].astype(np.int64)), values)
-        hists = {(int(i) >> 32, (int(i) >> 16) & 0xFFFF, int(i) & 0xFFFF): counts[n] for n, i in enumerate(ids)}
-        return hists, self._by_series("sums")
+        np.add.at(counts, (row, keys["slot"].astype(np.int64)), values["count"].astype(np.int64))
+        sums = np.zeros(len(ids), dtype=np.uint64)
+        np.add.at(sums, row, values["sum"])
+        names = [(int(i) >> 32, (int(i) >> 16) & 0xFFFF, int(i) & 0xFFFF) for i in ids]
+        return dict(zip(names, counts)), dict(zip(names, sums.tolist()))
 
     def counters(self) -> dict:
         """Cumulative counters keyed (service, signal, label)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from daemon.collectors.kernel.family import Attachment, Family, Signal
+from daemon.collectors.kernel.helpers import PT_REGS
 from daemon.collectors.kernel.http import SOCKET_CALLS, syscall_points
 
 DIRECTIONS = ("read", "write")           # TLS_READ = 0, TLS_WRITE = 1
@@ -43,8 +44,8 @@ class Tls(Family):
                       "Plaintext bytes the service read or wrote through libssl"),
                Signal("tls_calls", "slotune_tls_calls_total", "direction", "counter",
                       "Successful SSL_read/SSL_write calls (and _ex forms) of the service"))
-    tracepoints = SOCKET_CALLS + syscall_points(
-        ("enter", "connect"), ("exit", "write"), ("exit", "writev"), ("exit", "sendto"), ("exit", "sendmsg"))
+    tracepoints = SOCKET_CALLS + syscall_points(("exit", "connect"))
+    helpers = PT_REGS
     defines = {**{f"TLS_{d.upper()}": i for i, d in enumerate(DIRECTIONS)}, "FAMILY_TLS": 1}
 
     def __init__(self):
