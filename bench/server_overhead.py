@@ -292,18 +292,22 @@ def report(title: str, results: dict, seconds: float) -> list[str]:
     """The table of one server: ratios, rates and CPU per request, then the BPF run time
     per program of the variants that read it (divided by the requests of `seconds`)."""
     lines = [f"\n{title}", f"{'variant':<52} {'req/s vs untraced':>18} {'[min-max]':>13} "
-                           f"{'req/s':>8} {'CPU µs/req':>14}"]
+                           f"{'req/s':>8} {'CPU µs/req':>11} {'kept by CPU/req':>16} {'[min-max]':>13}"]
     base_rps = [b.rps for runs in results.values() for triple in runs for b in (triple[0], triple[2])]
     base_cpu = [b.cpu_us for runs in results.values() for triple in runs for b in (triple[0], triple[2])]
     lines.append(f"{'no tracing':<52} {'1.00':>18} {'':>13} {statistics.median(base_rps):>8.0f} "
-                 f"{statistics.median(base_cpu):>14.1f}")
+                 f"{statistics.median(base_cpu):>11.1f} {'1.00':>16}")
     for name, runs in results.items():
         if not runs:
             continue
         rel = [run.rps / ((b.rps + a.rps) / 2) for b, run, a in runs]
+        # The share of throughput a CPU-bound server keeps: untraced CPU per request
+        # (its neighbours' mean) over traced: a second estimate beside req/s.
+        kept = [((b.cpu_us + a.cpu_us) / 2) / run.cpu_us for b, run, a in runs]
         cpu = statistics.median(run.cpu_us for _, run, _ in runs)
         lines.append(f"{name:<52} {statistics.median(rel):>18.2f} {f'[{min(rel):.2f}-{max(rel):.2f}]':>13} "
-                     f"{statistics.median(r.rps for _, r, _ in runs):>8.0f} {cpu:>14.1f}")
+                     f"{statistics.median(r.rps for _, r, _ in runs):>8.0f} {cpu:>11.1f} "
+                     f"{statistics.median(kept):>16.2f} {f'[{min(kept):.2f}-{max(kept):.2f}]':>13}")
     for name, runs in results.items():
         stats = [run for _, run, _ in runs if run.bpf_ns]
         if not stats:
