@@ -54,8 +54,9 @@ class Window:
     def seconds(self) -> float:
         return max(self.end - self.start, 1e-9)
 
-    @property
+    @cached_property
     def requests(self) -> int:
+        """Requests the latency timed (counted once: the tuners' look-back reads it every second)."""
         return self.latency.count if self.latency is not None else 0
 
     @property
