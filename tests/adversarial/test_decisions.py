@@ -161,6 +161,19 @@ def test_a_restart_right_after_a_push_still_judges_it(tmp_path, double):
     assert [e.outcome for e in held] == [Outcome.HELD]    # the hold came through the restart too
 
 
+def test_the_guards_are_written_again_only_when_they_change(tmp_path, double):
+    control = rate_loop(tmp_path, double)
+    control.tick(Interval.at(1.0, {"api": [window(1.0, 0.1)]}))
+    state = GuardFile(tmp_path / "state.json")
+    state.save(control.guards())
+    written = state.path.stat().st_ino                    # each write is a new file renamed over the old
+    state.save(control.guards())
+    assert state.path.stat().st_ino == written            # nothing changed: not rewritten
+    control.guards()["api"].held_until["rate_limit_rps"] = 99.0
+    state.save(control.guards())
+    assert state.load()["api"].held_until == {"rate_limit_rps": 99.0}
+
+
 def test_small_steps_on_a_whole_number_setting_still_add_up(tmp_path, double):
     # The state's 3.3 is its finer reading of the 3 in force, not wind-up: it is kept, so
     # x1.1 steps from 3 reach 4 (resynced to 3 each time, they would round back to 3 forever).
