@@ -98,6 +98,29 @@ def test_a_worse_p99_under_a_much_higher_load_is_not_blamed_on_the_change(tmp_pa
     assert "rolled back" not in [e.outcome for e in entries]
 
 
+def test_a_change_is_judged_by_the_first_interval_that_answered_requests(tmp_path):
+    control, path, _ = loop(tmp_path)
+    history = [window(1.0, 0.1)]
+    control.tick(Interval.at(1.0, {"api": history}))
+    history.append(window(2.0, 0.5, n=0))                             # nothing answered: not judged yet
+    assert [e.outcome for e in control.tick(Interval.at(2.0, {"api": history}))
+            if e.outcome in (Outcome.KEPT, Outcome.ROLLED_BACK)] == []
+    history.append(window(3.0, 0.5))                                  # worse, same load
+    entries = control.tick(Interval.at(3.0, {"api": history}))
+    assert entries[0].outcome == Outcome.ROLLED_BACK and pushed(path) == 100.0
+
+
+def test_a_change_followed_by_no_requests_is_kept_saying_so(tmp_path):
+    control, path, _ = loop(tmp_path)
+    history = [window(1.0, 0.1)]
+    control.tick(Interval.at(1.0, {"api": history}))
+    judged = []
+    for t in (2.0, 3.0, 4.0):
+        history.append(window(t, 0.5, n=0))
+        judged += [e for e in control.tick(Interval.at(t, {"api": history})) if e.outcome == Outcome.KEPT]
+    assert [(e.detail, e.t) for e in judged][0] == ("no request answered since the change to judge by", 4.0)
+
+
 def test_control_surface_down_means_observe_only_with_back_off():
     conf = ServiceConf(ServiceSpec("api", cmdline="api", slo_p99_s=SLO),
                        control=Control("reference", url="http://127.0.0.1:1/admin/config"),

@@ -22,6 +22,7 @@ from daemon.model.interval import Interval
 log = logging.getLogger(__name__)
 ROLLBACK_WORSE = 1.25      # P99 this much worse than before the change ...
 LOAD_CHANGED = 1.25        # ... under an offered load within this factor of before
+JUDGE_WAIT_INTERVALS = 3   # a change with no request answered since waits this many intervals to be judged
 HOLD_INTERVALS = 3         # a rolled-back setting is left alone this many intervals,
 MAX_HOLD_S = 3600.0        # doubling with each rollback up to an hour
 MAX_BACKOFF_S = 60.0
@@ -245,20 +246,25 @@ class ControlLoop:
 
     def _judge(self, sc: ServiceControl, interval: Interval) -> list[Entry]:
         """Roll back a change whose next interval has a clearly worse P99 under a similar load;
-        a rollback that does not land is retried (with the back-off) until it does."""
+        a rollback that does not land is retried (with the back-off) until it does. A change
+        after which nothing was answered yet waits for an interval that has requests."""
         now, entries = interval.end, []
         for p in [p for p in sc.guard.pending if p.rollback or now - p.t >= p.interval_s]:
             if not p.rollback:
                 after = interval.starting(sc.conf.name, p.t)
                 p99, load = after.p99, after.offered_rps
+                if not math.isfinite(p99) and now - p.t < p.interval_s * JUDGE_WAIT_INTERVALS:
+                    continue
                 similar = load <= p.before_load * LOAD_CHANGED
                 worse = math.isfinite(p99) and p99 > max(p.before_p99 * ROLLBACK_WORSE, sc.conf.spec.slo_p99_s)
                 p.why = (f"P99 {p99 * 1e3:.0f} ms after the change vs {p.before_p99 * 1e3:.0f} ms before, "
                          f"load {load:.1f}/s vs {p.before_load:.1f}/s")
                 if not (worse and similar):
                     sc.guard.pending.remove(p)
+                    why_kept = ("load changed too much to judge" if worse else
+                                "" if math.isfinite(p99) else "no request answered since the change to judge by")
                     entries += self._audit([Entry(now, sc.conf.name, p.tuner, p.setting, p.old, p.new, p.why,
-                                                  Outcome.KEPT, "load changed too much to judge" if worse else "")])
+                                                  Outcome.KEPT, why_kept)])
                     continue
                 p.rollback = True
                 sc.guard.rolled_back(p, now, HOLD_INTERVALS, MAX_HOLD_S)
