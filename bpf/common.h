@@ -1,5 +1,5 @@
 /* Shared by every slotune probe family; compiled first, once per BPF object.
- * Holds the watched-task map (which task belongs to which service) and the three
+ * Holds the watched-task map (which task belongs to which service) and the two
  * aggregation maps every family writes into: histograms keyed by
  * (service, signal, label, slot), each bucket with its count and the exact sum of
  * what fell in it (one lookup per observation), and counters; and map_full, which
