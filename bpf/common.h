@@ -121,6 +121,13 @@ static __always_inline u32 current_tgid(void)
     return (u32)(bpf_get_current_pid_tgid() >> 32);
 }
 
+/* The first iovec of a sendmsg/recvmsg struct user_msghdr at `msg` (msg_iov at
+ * 16, msg_iovlen at 24): iov[0] its array, iov[1] how many it holds. */
+static __always_inline void msghdr_iov(u64 msg, u64 iov[2])
+{
+    bpf_probe_read_user(iov, 2 * sizeof(u64), (void *)(msg + 16));
+}
+
 /* The program on syscall `call`'s exit (syscalls:sys_exit_<call>): for a task that
  * may be watched, `body` runs with the call's arguments in `a` and its return
  * value in args->ret. */

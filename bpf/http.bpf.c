@@ -136,9 +136,9 @@ static __always_inline void http_segments(u32 how, u64 buf, u64 len, u64 first[2
         first[1] = last[1] = len;
         return;
     }
-    if (how == HTTP_MSG) {                       /* msg_iov at 16, msg_iovlen at 24 */
+    if (how == HTTP_MSG) {
         u64 iov[2] = {};
-        bpf_probe_read_user(iov, sizeof(iov), (void *)(buf + 16));
+        msghdr_iov(buf, iov);
         buf = iov[0];
         len = iov[1];
     }
@@ -247,18 +247,18 @@ int on_accept4_exit(struct tracepoint__syscalls__sys_exit_accept4 *args) { TLS_A
  * iovec count or flags; recvfrom's flags). A connection that has answered with
  * an HTTP/1.x status line is no TLS one: the tls family's hook is skipped for it,
  * one lookup less on each of its reads and writes. */
-#define HTTP_EXIT(call, tls_hook, http_hook)                                      \
+#define HTTP_EXIT(call, http_hook)                                                \
 ON_SYSCALL_EXIT(call, struct http_conn *c = http_conn_of(a.arg[0]);               \
-                if (!c || !c->spoke) { TLS_ALSO(tls_hook); } http_hook)
+                if (!c || !c->spoke) { TLS_ALSO(TLS_EXIT_##call(args->ret, a)); } http_hook)
 
-HTTP_EXIT(read, tls_io_done(args->ret, a.arg[0], a.arg[1], 0, TLS_READ), http_read_done(c, args->ret, a.arg[0], a.arg[1]))
-HTTP_EXIT(readv, tls_io_done(args->ret, a.arg[0], a.arg[1], a.arg[2], TLS_READ), http_read_done(c, args->ret, a.arg[0], 0))
-HTTP_EXIT(recvfrom, tls_recv_done(args->ret, a.arg[0], a.arg[1], a.arg[3]), http_read_done(c, args->ret, a.arg[0], a.arg[1]))
-HTTP_EXIT(recvmsg, tls_msg_done(args->ret, a.arg[0], a.arg[1], a.arg[2], TLS_READ), http_read_done(c, args->ret, a.arg[0], 0))
-HTTP_EXIT(write, tls_io_done(args->ret, a.arg[0], a.arg[1], 0, TLS_WRITE), http_write_done(c, args->ret, a.arg[0], HTTP_BUF, a.arg[1], args->ret))
-HTTP_EXIT(writev, tls_io_done(args->ret, a.arg[0], a.arg[1], a.arg[2], TLS_WRITE), http_write_done(c, args->ret, a.arg[0], HTTP_IOV, a.arg[1], a.arg[2]))
-HTTP_EXIT(sendto, tls_io_done(args->ret, a.arg[0], a.arg[1], 0, TLS_WRITE), http_write_done(c, args->ret, a.arg[0], HTTP_BUF, a.arg[1], args->ret))
-HTTP_EXIT(sendmsg, tls_msg_done(args->ret, a.arg[0], a.arg[1], a.arg[2], TLS_WRITE), http_write_done(c, args->ret, a.arg[0], HTTP_MSG, a.arg[1], 0))
+HTTP_EXIT(read, http_read_done(c, args->ret, a.arg[0], a.arg[1]))
+HTTP_EXIT(readv, http_read_done(c, args->ret, a.arg[0], 0))
+HTTP_EXIT(recvfrom, http_read_done(c, args->ret, a.arg[0], a.arg[1]))
+HTTP_EXIT(recvmsg, http_read_done(c, args->ret, a.arg[0], 0))
+HTTP_EXIT(write, http_write_done(c, args->ret, a.arg[0], HTTP_BUF, a.arg[1], args->ret))
+HTTP_EXIT(writev, http_write_done(c, args->ret, a.arg[0], HTTP_IOV, a.arg[1], a.arg[2]))
+HTTP_EXIT(sendto, http_write_done(c, args->ret, a.arg[0], HTTP_BUF, a.arg[1], args->ret))
+HTTP_EXIT(sendmsg, http_write_done(c, args->ret, a.arg[0], HTTP_MSG, a.arg[1], 0))
 ON_SYSCALL_EXIT(sendfile64, http_write_done(http_conn_of(a.arg[0]), args->ret, a.arg[0], HTTP_FILE, 0, 0))
 
 int on_close_enter(struct tracepoint__syscalls__sys_enter_close *args)

@@ -193,16 +193,28 @@ static __always_inline void tls_recv_done(long ret, u64 fd, u64 buf, u64 flags)
         tls_io_done(ret, fd, buf, 0, TLS_READ);
 }
 
-/* recvmsg/sendmsg: the iovecs of a struct user_msghdr (msg_iov at 16, msg_iovlen at 24). */
+/* recvmsg/sendmsg: the iovecs of their struct user_msghdr. */
 static __always_inline void tls_msg_done(long ret, u64 fd, u64 msg, u64 flags, u32 dir)
 {
     if (ret <= 0 || !msg || (flags & TLS_MSG_PEEK))
         return;
     u64 iov[2] = {};
-    bpf_probe_read_user(iov, sizeof(iov), (void *)(msg + 16));
+    msghdr_iov(msg, iov);
     if (iov[1])
         tls_io_done(ret, fd, iov[0], iov[1], dir);
 }
+
+/* This family's part of each socket syscall's exit, the call's arguments (a, its
+ * call_args) mapped once for whichever program runs it: this file's own, or
+ * http's (bpf/http.bpf.c) when both families are on. */
+#define TLS_EXIT_read(ret, a)     tls_io_done(ret, a.arg[0], a.arg[1], 0, TLS_READ)
+#define TLS_EXIT_readv(ret, a)    tls_io_done(ret, a.arg[0], a.arg[1], a.arg[2], TLS_READ)
+#define TLS_EXIT_recvfrom(ret, a) tls_recv_done(ret, a.arg[0], a.arg[1], a.arg[3])
+#define TLS_EXIT_recvmsg(ret, a)  tls_msg_done(ret, a.arg[0], a.arg[1], a.arg[2], TLS_READ)
+#define TLS_EXIT_write(ret, a)    tls_io_done(ret, a.arg[0], a.arg[1], 0, TLS_WRITE)
+#define TLS_EXIT_writev(ret, a)   tls_io_done(ret, a.arg[0], a.arg[1], a.arg[2], TLS_WRITE)
+#define TLS_EXIT_sendto(ret, a)   tls_io_done(ret, a.arg[0], a.arg[1], 0, TLS_WRITE)
+#define TLS_EXIT_sendmsg(ret, a)  tls_msg_done(ret, a.arg[0], a.arg[1], a.arg[2], TLS_WRITE)
 
 /* connect() returned 0, or -EINPROGRESS on a non-blocking socket: the ClientHello is ours to write. */
 #define TLS_EINPROGRESS -115
@@ -213,14 +225,15 @@ ON_SYSCALL_EXIT(connect, if (args->ret == 0 || args->ret == TLS_EINPROGRESS) tls
  * bpf/http.bpf.c's programs on them call the tls_* hooks above as well. */
 int on_accept_exit(struct tracepoint__syscalls__sys_exit_accept *args)       { tls_opened(args->ret, 1); return 0; }
 int on_accept4_exit(struct tracepoint__syscalls__sys_exit_accept4 *args)     { tls_opened(args->ret, 1); return 0; }
-ON_SYSCALL_EXIT(read, tls_io_done(args->ret, a.arg[0], a.arg[1], 0, TLS_READ))
-ON_SYSCALL_EXIT(readv, tls_io_done(args->ret, a.arg[0], a.arg[1], a.arg[2], TLS_READ))
-ON_SYSCALL_EXIT(recvfrom, tls_recv_done(args->ret, a.arg[0], a.arg[1], a.arg[3]))
-ON_SYSCALL_EXIT(recvmsg, tls_msg_done(args->ret, a.arg[0], a.arg[1], a.arg[2], TLS_READ))
-ON_SYSCALL_EXIT(write, tls_io_done(args->ret, a.arg[0], a.arg[1], 0, TLS_WRITE))
-ON_SYSCALL_EXIT(writev, tls_io_done(args->ret, a.arg[0], a.arg[1], a.arg[2], TLS_WRITE))
-ON_SYSCALL_EXIT(sendto, tls_io_done(args->ret, a.arg[0], a.arg[1], 0, TLS_WRITE))
-ON_SYSCALL_EXIT(sendmsg, tls_msg_done(args->ret, a.arg[0], a.arg[1], a.arg[2], TLS_WRITE))
+#define TLS_ONLY_EXIT(call) ON_SYSCALL_EXIT(call, TLS_EXIT_##call(args->ret, a))
+TLS_ONLY_EXIT(read)
+TLS_ONLY_EXIT(readv)
+TLS_ONLY_EXIT(recvfrom)
+TLS_ONLY_EXIT(recvmsg)
+TLS_ONLY_EXIT(write)
+TLS_ONLY_EXIT(writev)
+TLS_ONLY_EXIT(sendto)
+TLS_ONLY_EXIT(sendmsg)
 int on_close_enter(struct tracepoint__syscalls__sys_enter_close *args)       { tls_closed(args->fd); return 0; }
 #endif
 
