@@ -22,6 +22,9 @@
  *   http_refused/<code>  the same time again for a response that sent the client
  *                        away, 429 or 503 (HTTP_TOO_MANY_REQUESTS,
  *                        HTTP_SERVICE_UNAVAILABLE): a limit_req, a queue timeout.
+ * Per request, as it is read: http_arrived counts it (answered or not yet, so a
+ * stalled server's arrivals are counted as they come, not when it answers), in
+ * a per-CPU array by service id: no hash and no atomic on the hot path.
  * Every program runs at a syscall's exit and reads what the call was given from
  * the task's registers (current_call_args), so a read or a write is one program
  * run and one lookup of its connection: no program on the syscall's entry and no
@@ -52,6 +55,7 @@ struct http_conn {
 };
 
 BPF_TABLE("lru_hash", struct http_conn_key, struct http_conn, http_conns, 65536);
+BPF_PERCPU_ARRAY(http_arrived, u64, HTTP_ARRIVED_IDS);   /* service id -> requests read */
 
 /* How a write syscall hands over its bytes. */
 #define HTTP_BUF 0       /* write, sendto: buf, len */
@@ -125,6 +129,10 @@ static __always_inline int http_read_done(struct http_conn *c, long ret, u64 fd,
     }
     c->checked = 1;
     c->request_at = bpf_ktime_get_ns();
+    u32 service = c->service;
+    u64 *arrived = http_arrived.lookup(&service);
+    if (arrived)
+        (*arrived)++;
     return 0;
 }
 

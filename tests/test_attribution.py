@@ -359,3 +359,24 @@ def test_every_dominant_cause_is_named_in_order_of_share():
     assert e.path[-1][1] == "blocking_syscalls" and [p[-1][1] for p in e.also] == ["runqueue_wait"]
     assert e.verdict.endswith(": 75 % blocking_syscalls; 25 % runqueue_wait")
     assert e.as_status()["also"] == [[["svc", "runqueue_wait", pytest.approx(0.25)]]]
+
+
+def test_load_is_judged_by_the_requests_the_kernel_saw_arrive():
+    # The kernel times the requests. A stall downstream, then its backlog answered at once:
+    # 150 answers in the recent windows, but 50 arrived in each, as usual: no surge. Then
+    # 150 arrive per window and only 50 are answered in time: more load, though the answers
+    # come at the usual rate.
+    def timed(t, answered, arrived, slow):
+        rng = np.random.default_rng(t)
+        base = rng.lognormal(np.log(0.013), 0.1, answered) + (np.where(np.arange(answered) % 5 == 0, 0.4, 0.0)
+                                                                if slow else 0.0)
+        w = window(t, (0, answered, 0, 0, 0, 0, 0))
+        w.histograms[("http_request", "")] = Histogram.from_values(list(base * 1e9))
+        w.counters[("http_arrived", "")] = float(arrived)
+        return w
+    calm = [timed(t, 50, 50, False) for t in range(40)]
+    released = explain("svc", {"svc": calm + [timed(t, 150, 50, True) for t in (40, 41)]})
+    assert released.growth_s > 0.2 and "offered_load" not in released.evidence
+    surge = explain("svc", {"svc": calm + [timed(t, 50, 150, True) for t in (40, 41)]})
+    assert surge.top_cause == "offered_load"
+    assert surge.evidence["offered_load"]["recent"] == pytest.approx(150)

@@ -55,7 +55,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from daemon.attribution import causes
-from daemon.model.window import EBPF_LATENCY, Window, merged_latency, merged_tokens
+from daemon.model.window import EBPF_ARRIVED, EBPF_LATENCY, Window, merged_latency, merged_tokens
 
 TOKENS = {"ttft": "TTFT", "tpot": "TPOT"}   # the token timings explained beside the latency, as users name them
 
@@ -179,7 +179,7 @@ def request_timing(w: Window, source: str):
 @dataclass
 class _Stats:
     """What attribution reads from one span: its median, its P99, every cause and
-    the requests that came (answered and refused) per second."""
+    the requests that arrived per second (_arrivals)."""
     p50: float
     p99: float
     readings: dict[str, causes.Reading]
@@ -211,6 +211,13 @@ def _ended(w: Window) -> tuple[float, float | None]:
     return known["ended"]
 
 
+def _arrivals(w: Window, source: str) -> float:
+    """Requests that came in the window. Read from the kernel's request timing ("ebpf"),
+    those it saw read, answered or not yet: a stalled server's load counts as it comes,
+    and a backlog answered at once is no surge. Else those answered and refused."""
+    return w.counters.get(EBPF_ARRIVED, 0.0) if source == "ebpf" else w.requests + w.rejected
+
+
 def _stats(ws: Sequence[Window], source: str) -> _Stats:
     """_Stats of windows merged; remembered while the windows live."""
     known = ws[0].derived
@@ -221,7 +228,7 @@ def _stats(ws: Sequence[Window], source: str) -> _Stats:
     timing = request_timing(span, source)
     p50, p99 = (timing.quantile(0.5), timing.quantile(0.99)) if timing is not None else (math.nan, math.nan)
     value = _Stats(p50, p99, causes.read_all(span, source if source in TOKENS else "latency"),
-                   (span.requests + span.rejected) / span.seconds)
+                   _arrivals(span, source) / span.seconds)
     known[key] = value
     return value
 
@@ -321,9 +328,10 @@ def _downstream_rises(downstream: Mapping[str, "Explanation"], moved: str) -> di
 
 
 def _offered_load(split: _Split, evidence: dict[str, dict], attributable: float) -> dict[str, dict]:
-    """More load as a cause of its own, the commonest cause of a tail: requests coming
-    (answered and refused per second) beyond the baseline spans' usual rate (median +
-    2 robust deviations) and LOAD_RISE above their median. The service's queueing rise
+    """More load as a cause of its own, the commonest cause of a tail: requests arriving
+    per second (_arrivals: read, as the kernel saw them; else answered and
+    refused) beyond the baseline spans' usual rate (median + 2 robust deviations) and
+    LOAD_RISE above their median. The service's queueing rise
     is then the load's doing (requests queued because more came, not because a setting
     held them), and so is the growth no other measured cost explains (a server that
     times a request from its first read does not see it wait in the socket backlog).
@@ -335,7 +343,7 @@ def _offered_load(split: _Split, evidence: dict[str, dict], attributable: float)
     evidence = dict(evidence)
     queued = sum(evidence.pop(c)["rise_s"] for c in QUEUES if c in evidence)
     others = sum(e["rise_s"] for e in evidence.values())
-    evidence["offered_load"] = {"signal": "requests coming per second (answered and refused)", "unit": "1/s",
+    evidence["offered_load"] = {"signal": "requests arriving per second", "unit": "1/s",
                                 "baseline": base, "recent": now,
                                 "rise_s": max(queued, attributable - others, 0.0)}
     return evidence

@@ -20,6 +20,7 @@ EBPF_LATENCY: Key = ("http_request", "")
 EBPF_TTFT: Key = ("http_first_byte", "")     # request to the response's first byte: TTFT when it streams
 EBPF_TPOT: Key = ("http_write_gap", "")      # between the writes of one response: the inter-token gap
 EBPF_ERRORS: Key = ("http_status", "5xx")     # server errors, read from the responses' status lines
+EBPF_ARRIVED: Key = ("http_arrived", "")      # requests read as they came, answered or not yet
 EBPF_REFUSED = "http_refused"                 # the 429 and 503 answers, timed apart (also in EBPF_LATENCY)
 EBPF_REFUSED_5XX: Key = (EBPF_REFUSED, "503")  # the refusals among the 5xx
 ERROR_OUTCOMES = ("error",)

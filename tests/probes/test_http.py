@@ -1,7 +1,10 @@
 """HTTP request latency from the kernel, for a server whose handler sleeps a known
 time: the histogram's median is within 10 % of the sleep and every request is
-counted exactly once (new connections and keep-alive ones alike)."""
+counted exactly once (new connections and keep-alive ones alike); a request is
+counted as it arrives, before its answer."""
 import http.client
+import threading
+import time
 
 from daemon.model.service import ServiceSpec
 from tests.probes.agreement import record
@@ -9,6 +12,7 @@ from tests.probes.conftest import collected, hist
 
 SLEEP_S = 0.04
 KEY = ("http_request", "")
+ARRIVED = ("http_arrived", "")
 
 
 def test_request_latency_median_and_exact_count(kernel, spawn, tag):
@@ -49,3 +53,34 @@ def test_a_service_that_only_talks_gets_no_requests(kernel, spawn, tag):
     client.stdin.flush()
     assert client.stdout.readline().strip() == "[]"
     assert KEY not in collected(collector)["client"].histograms
+
+
+def test_requests_are_counted_as_they_arrive_not_when_answered(kernel, spawn, tag):
+    """A stalled server's load is seen while it stalls: requests read count in the
+    interval they came in, before any answer, and once only."""
+    server = spawn("http_server", tag, 1.5)
+    port = int(server.stdout.readline())
+    collector = kernel([ServiceSpec("web", cmdline=f"http_server.py {tag}")], ["http"])
+    collected(collector)
+    answers = []
+
+    def ask():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/")
+        answers.append(conn.getresponse().read())
+        conn.close()
+
+    clients = [threading.Thread(target=ask) for _ in range(6)]
+    for c in clients:
+        c.start()
+    time.sleep(0.7)                                # all read, none answered (the handler sleeps 1.5 s)
+    during = {s.service: s for s in collector.collect(0.0, 0.0)}["web"]
+    for c in clients:
+        c.join()
+    after = collected(collector)["web"]
+    print(f"while they wait: {during.counters.get(ARRIVED, 0):.0f} arrived, "
+          f"{hist(during.histograms, KEY).count} answered; after: {after.counters.get(ARRIVED, 0):.0f} arrived, "
+          f"{hist(after.histograms, KEY).count} answered")
+    assert answers == [b"ok\n"] * 6
+    assert during.counters.get(ARRIVED) == 6 and hist(during.histograms, KEY).count == 0
+    assert ARRIVED not in after.counters and hist(after.histograms, KEY).count == 6

@@ -185,7 +185,7 @@ class KernelCollector:
         histogram needs both), a part that cannot be read keeps its last value."""
         hists, sums, counts = self.last
         hists, sums = self._try("histograms read", (hists, sums), self.program.histograms)
-        counts = self._try("counters read", counts, self.program.counters)
+        counts = self._try("counters read", counts, self.program.counters, self.service_ids.values())
         return hists, sums, counts
 
     def _try(self, kind: str, fallback, fn, *args):

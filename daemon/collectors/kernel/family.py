@@ -51,5 +51,10 @@ class Family:
     def label(self, signal: str, label_id: int) -> str:
         return ""
 
+    def counters(self, program, service_ids) -> dict[tuple[int, int, int], int]:
+        """Cumulative counters it keeps outside the shared `counts` map, keyed (service
+        id, signal id, label id) as those are, for these service ids."""
+        return {}
+
     def refresh(self, program, targets: dict, service_ids: dict[str, int]) -> None:
         """Called each interval with the Program, {service: ServiceProcesses} and {service: id}."""

@@ -2,6 +2,8 @@
 response, its first body byte (a streaming LLM server's TTFT), the gaps between
 its body writes (inter-token), its status class, and the responses that sent
 the client away (429, 503: a limit or a queue timeout), timed apart."""
+import ctypes
+
 from daemon.collectors.kernel.family import Family, Signal
 from daemon.collectors.kernel.helpers import PT_REGS
 
@@ -28,6 +30,9 @@ STATUS_CLASSES = {n: f"{n}xx" for n in range(2, 6)}   # label id: the status cod
 REFUSED = {"HTTP_TOO_MANY_REQUESTS": 429, "HTTP_SERVICE_UNAVAILABLE": 503}
 
 
+ARRIVED_IDS = 1024      # service ids with a slot in http_arrived (its requests read); ids start at 1
+
+
 class Http(Family):
     name = source = "http"
     signals = (Signal("http_request", "slotune_http_request_duration_seconds", None, "histogram",
@@ -43,10 +48,20 @@ class Http(Family):
                       "HTTP/1.x responses by status class (2xx..5xx), read from their status line"),
                Signal("http_refused", "slotune_http_refused_duration_seconds", "status", "histogram",
                       "HTTP/1.x responses that refused the request (429, 503), timed as http_request: "
-                      "they are also in it"))
+                      "they are also in it"),
+               Signal("http_arrived", "slotune_http_requests_arrived_total", None, "counter",
+                      "HTTP/1.x requests read by the service, counted as they arrive (answered or not yet): "
+                      "the load offered to it"))
     tracepoints = SOCKET_CALLS + syscall_points(("exit", "sendfile64"))
     helpers = PT_REGS
-    defines = {"FAMILY_HTTP": 1, **REFUSED}
+    defines = {"FAMILY_HTTP": 1, "HTTP_ARRIVED_IDS": ARRIVED_IDS, **REFUSED}
+
+    def counters(self, program, service_ids) -> dict[tuple[int, int, int], int]:
+        """Each service's requests read so far: its slot of the per-CPU http_arrived array, summed."""
+        from daemon.collectors.kernel.families import SIGNAL_IDS   # which imports this module
+        table, signal = program.table("http_arrived"), SIGNAL_IDS["http_arrived"]
+        read = {(sid, signal, 0): table.sum(ctypes.c_int(sid)).value for sid in service_ids if sid < ARRIVED_IDS}
+        return {k: n for k, n in read.items() if n}
 
     def label(self, signal: str, label_id: int) -> str:
         if signal == "http_refused":

@@ -163,9 +163,13 @@ class Program:
         names = [(int(i) >> 32, (int(i) >> 16) & 0xFFFF, int(i) & 0xFFFF) for i in ids]
         return dict(zip(names, counts)), dict(zip(names, sums.tolist()))
 
-    def counters(self) -> dict:
-        """Cumulative counters keyed (service, signal, label)."""
-        return self._by_series("counts")
+    def counters(self, service_ids=()) -> dict:
+        """Cumulative counters keyed (service, signal, label): the shared `counts` map's,
+        and those a family keeps apart, for these service ids."""
+        out = self._by_series("counts")
+        for family in self.families:
+            out.update(family.counters(self, service_ids))
+        return out
 
     def _by_series(self, name: str) -> dict:
         """A map keyed (service, signal, label) as a dict of ints."""
