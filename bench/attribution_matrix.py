@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
 import os
 import socket
@@ -37,6 +38,9 @@ TOOLS = ("search", "calculator", "weather")
 # there is not lost in tool noise (the default search tool's 40 ms lognormal is).
 QUIET_TOOLS = {t: {"latency_ms": ms, "latency_sigma": 0.2} for t, ms in (("search", 8.0), ("calculator", 2.0),
                                                                           ("weather", 5.0))}
+# The app's queries carry a RAG prompt's context, as LLM requests do: a slow link then
+# shows in the server's own timing (the request's first read to its last write).
+APP_CONTEXT_BYTES = 16384
 SMALL_MODEL = ["--device", "cpu", "--d-model", "64", "--layers", "2", "--heads", "4", "--max-new-tokens", "4"]
 
 
@@ -133,20 +137,29 @@ def share_of(explanations: dict, service: str, cause: str) -> float:
     return shares.get(cause, 0.0)
 
 
-def in_order_of_growth(parts, results: list[dict]) -> tuple:
+ORDER_RATIO = 1.5   # parts whose growths alone are nearer than this may be named in either order
+
+
+def in_order_of_growth(parts, results: list[dict]) -> tuple[tuple, bool]:
     """Faults in the order of the growth each made alone in the runs so far, largest first
-    (a part not run alone keeps its place)."""
+    (a part not run alone keeps its place), and whether that order is asked of the
+    verdict: only where each part alone grew the tail ORDER_RATIO times the next one's
+    (nearer, their shares in a run together are a toss-up)."""
     def alone(f) -> float:
         grown = [r["growth_s"] for r in results if r["fault"] == f.name]
         return sum(grown) / len(grown) if grown else 0.0
-    return tuple(sorted(parts, key=alone, reverse=True))
+    ordered = tuple(sorted(parts, key=alone, reverse=True))
+    growths = [alone(f) for f in ordered]
+    return ordered, all(a >= ORDER_RATIO * b for a, b in zip(growths, growths[1:]))
 
 
 def names_every_part(fault, exp) -> bool:
     """Faults injected together: the explanation's dominant paths (top first, then the
-    others by share) end at each part's cause, in the parts' order."""
+    others by share) end at each part's cause, in the parts' order where it is asked."""
     roots = [path[-1][:2] for path in (exp.path, *exp.also) if path]
-    return len(roots) >= len(fault.parts) and all(p.correct(*r) for p, r in zip(fault.parts, roots))
+    orders = [fault.parts] if fault.in_order else itertools.permutations(fault.parts)
+    return len(roots) >= len(fault.parts) and any(all(p.correct(*r) for p, r in zip(order, roots))
+                                                   for order in orders)
 
 
 def judge(fault, steps: list[tuple[float, dict]], t_on: float, settle: int, service: str = "gateway") -> dict:
@@ -163,7 +176,8 @@ def judge(fault, steps: list[tuple[float, dict]], t_on: float, settle: int, serv
     # Every (service, cause) the fault counts as named under votes as its first one: a TLS handshake
     # named at the gateway in one window and at the sidecar in the next is one answer. Faults
     # injected together are named when every part is, in order.
-    canonical = "+".join(":".join(p.expected[0]) for p in fault.parts) if together else ":".join(fault.expected[0])
+    canonical = ("+".join(":".join(p.expected[0]) for p in fault.parts) if together
+                 else ":".join(fault.expected[0]) if fault.expected[0][0] else "none")
 
     def label(exp, ok: bool) -> str:
         svc, cause, _ = exp.root_cause
@@ -235,6 +249,7 @@ class Target:
     faults: list
     config: Path
     stop: Callable[[], None]
+    context_bytes: int = 0      # context sent with each query (reference_stack load --context-bytes)
 
 
 def reference_stack(args, work: Path) -> Target:
@@ -278,7 +293,8 @@ def uvicorn_app(args, work: Path) -> Target:
     def stop() -> None:
         app.kill()
         app.wait()
-    return Target("app", url + "/query", app_faults(url, port, args.rate), work / "slotune.toml", stop)
+    return Target("app", url + "/query", app_faults(url, port, args.rate, APP_CONTEXT_BYTES), work / "slotune.toml",
+                  stop, APP_CONTEXT_BYTES)
 
 
 TARGETS = {"stack": reference_stack, "uvicorn": uvicorn_app}
@@ -289,7 +305,7 @@ def main() -> int:
     ap.add_argument("--target", choices=TARGETS, default="stack",
                     help="stack: the reference stack, judged at its gateway; uvicorn: a FastAPI app seen by eBPF only")
     ap.add_argument("--runs", type=int, default=2, help="runs of each fault (default 2)")
-    ap.add_argument("--faults", default="", help="comma-separated subset of the target's faults (see --list)")
+    ap.add_argument("--faults", default="", help="comma-separated subset of the target's faults (a wrong name is refused with the list)")
     ap.add_argument("--rate", type=float, default=25.0, help="offered load, queries/s")
     ap.add_argument("--baseline-s", type=float, default=15.0, help="clean seconds before each fault")
     ap.add_argument("--fault-s", type=float, default=12.0, help="seconds each fault stays on")
@@ -323,7 +339,8 @@ def main() -> int:
         loop.start()
         total = 30 + args.runs * len(faults) * (args.baseline_s + args.fault_s) + 30
         load = subprocess.Popen([sys.executable, "-m", "reference_stack", "load", "--url", target.query_url,
-                                 "--rate", str(args.rate), "--duration", str(total)], cwd=ROOT,
+                                 "--rate", str(args.rate), "--duration", str(total),
+                                 "--context-bytes", str(target.context_bytes)], cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         print(f"{args.target} up in {time.time() - t0:.0f} s; warming up 20 s", flush=True)
         time.sleep(20)
@@ -339,12 +356,14 @@ def main() -> int:
                     fault.remove()
                 steps = [s for s in loop.steps if t_on < s[0] <= t_on + args.fault_s + 0.5]
                 if getattr(fault, "parts", ()):
-                    fault.parts = in_order_of_growth(fault.parts, results)
+                    fault.parts, fault.in_order = in_order_of_growth(fault.parts, results)
                 r = judge(fault, steps, t_on, args.settle, target.service)
                 r["run"] = run
                 results.append(r)
+                order = f" (order {'asked' if fault.in_order else 'either: near growths alone'})" \
+                    if getattr(fault, "parts", ()) else ""
                 print(f"run {run + 1} {fault.name:<10} -> {r['reported']:<40} leaf share {r['leaf_share']:.0%} "
-                      f"detected at window {r['detected_at']} (tail at {r['tail_at']})", flush=True)
+                      f"detected at window {r['detected_at']} (tail at {r['tail_at']}){order}", flush=True)
                 if args.verbose:
                     print("   " + "\n   ".join(r["verdicts"]))
     finally:

@@ -218,20 +218,26 @@ class NetworkQueue(Fault):
 
 
 ROOT = Path(__file__).resolve().parents[1]
+SURGE = 8.0          # a surge adds this many times the usual load
+SURGE_S = 120.0      # the surge's schedule (longer than a fault stays on): its queries are drawn before the
+                     # first is sent, which for an hour's schedule took longer than the fault lasted
 
 
 @dataclass
 class Surge(Fault):
     """More queries than usual: a second open-loop load generator (reference_stack's own)
-    sending `rate` more queries a second to `url` while the fault is on."""
+    sending `rate` more queries a second to `url` while the fault is on, each with
+    `context_bytes` of context as the usual load's."""
     url: str = ""
     rate: float = 0.0
+    context_bytes: int = 0
     proc: subprocess.Popen | None = None
 
     def prepare(self) -> None:
         # The generator's imports take seconds on a busy host: done before the fault starts.
         code = ("import sys\nfrom reference_stack.loadgen import run_load\nprint('ready', flush=True)\n"
-                f"sys.stdin.readline()\nrun_load({self.url!r}, {self.rate!r}, 3600.0)\n")
+                f"sys.stdin.readline()\nrun_load({self.url!r}, {self.rate!r}, {SURGE_S!r}, "
+                f"context_bytes={self.context_bytes!r})\n")
         self.proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         if self.proc.stdout.readline().strip() != "ready":
@@ -250,14 +256,15 @@ class Surge(Fault):
 
 @dataclass
 class NoisyNeighbour(Fault):
-    """An unrelated CPU-heavy job on the same cores: one busy loop per CPU at nice 0,
-    each in a session of its own, not a service and not pinned (a batch job, a build,
-    another tenant)."""
+    """An unrelated CPU-heavy job on the same cores: PER_CPU busy loops per CPU at nice 0,
+    each in a session of its own, not a service and not pinned (a parallel build, a
+    batch job, another tenant's workers)."""
+    PER_CPU = 2
     procs: list = field(default_factory=list)
 
     def inject(self) -> None:
         self.procs = [subprocess.Popen([sys.executable, "-c", HOG], start_new_session=True)
-                      for _ in range(os.cpu_count() or 1)]
+                      for _ in range(self.PER_CPU * (os.cpu_count() or 1))]
 
     def remove(self) -> None:
         for p in self.procs:
@@ -272,6 +279,7 @@ class Together(Fault):
     growth each made alone (`parts` is put in that order by the matrix, from the runs
     of each part alone before it)."""
     parts: tuple[Fault, ...] = ()
+    in_order: bool = True       # the verdict must name the parts in their order (the matrix sets it)
 
     def prepare(self) -> None:
         for f in self.parts:
@@ -295,9 +303,10 @@ def matrix_faults(stack: dict, sidecar_port: int, rate: float) -> list[Fault]:
     faults = _stack_faults(stack, sidecar_port)
     by_name = {f.name: f for f in faults}
     return [*faults,
-            Surge("surge", f"a second load generator: {2 * rate:g} more queries a second (3x the load)",
-                  (("*", "offered_load"),), stack, url=stack["query_url"], rate=2 * rate),
-            NoisyNeighbour("neighbour", "one busy loop per CPU at nice 0, unrelated to any service",
+            Surge("surge", f"a second load generator: {SURGE * rate:g} more queries a second "
+                           f"({SURGE + 1:g}x the load)",
+                  (("*", "offered_load"),), stack, url=stack["query_url"], rate=SURGE * rate),
+            NoisyNeighbour("neighbour", f"{NoisyNeighbour.PER_CPU} busy loops per CPU at nice 0, unrelated to any service",
                            (("*", "runqueue_wait"),), stack),
             Together("cpu+tool", "the cpu and the tool faults at once, named in the order of the growth "
                                  "each made alone",
@@ -347,14 +356,16 @@ class AppSleep(Fault):
         self._set(0.0)
 
 
-def app_faults(url: str, port: int, rate: float) -> list[Fault]:
-    """The faults for a third-party app watched by eBPF only (bench/thirdparty_app.py on uvicorn)."""
+def app_faults(url: str, port: int, rate: float, context_bytes: int) -> list[Fault]:
+    """The faults for a third-party app watched by eBPF only (bench/thirdparty_app.py on uvicorn),
+    loaded with `rate` requests a second that carry `context_bytes` of context each."""
     return [
         Fault("clean", "no fault", (("", ""),)),
-        NoisyNeighbour("neighbour", "one busy loop per CPU at nice 0, unrelated to the app",
+        NoisyNeighbour("neighbour", f"{NoisyNeighbour.PER_CPU} busy loops per CPU at nice 0, unrelated to the app",
                        (("app", "runqueue_wait"),)),
-        Surge("surge", f"a second load generator: {2 * rate:g} more requests a second (3x the load)",
-              (("app", "offered_load"),), url=url + "/query", rate=2 * rate),
+        Surge("surge", f"a second load generator: {SURGE * rate:g} more requests a second "
+                       f"({SURGE + 1:g}x the load: past the app's capacity)",
+              (("app", "offered_load"),), url=url + "/query", rate=SURGE * rate, context_bytes=context_bytes),
         AppSleep("blocking", "a 10 ms sleep syscall on the event loop per request", (("app", "blocking_syscalls"),),
                  url=url, ms=10.0),
         NetworkQueue("network", "the app's traffic through a 4 Mbit TBF (100 KB) shared with a bulk TCP flow",

@@ -97,17 +97,21 @@ async def open_loop(times: np.ndarray, max_inflight: int, send, overflow) -> Non
 
 async def generate_load(url: str, rate: float, duration_s: float, profile: str = "constant",
                         arrivals: str = "poisson", burstiness: float = 0.25, max_inflight: int = 512,
-                        timeout_s: float = 10.0, seed: int = 1, queries: QueryStream | None = None) -> list[Record]:
-    """Drive url (the gateway's POST /query) open loop; one Record per scheduled arrival."""
+                        timeout_s: float = 10.0, seed: int = 1, queries: QueryStream | None = None,
+                        context_bytes: int = 0) -> list[Record]:
+    """Drive url (the gateway's POST /query) open loop; one Record per scheduled arrival.
+    context_bytes > 0 sends a context document that long with each query, as a RAG
+    prompt carries one (the gateway ignores it)."""
     times = schedule(rate, duration_s, profile, arrivals, burstiness, seed)
     queries = queries or QueryStream(seed=seed)
     texts = [queries.next() for _ in times]
+    context = {"context": "x" * context_bytes} if context_bytes > 0 else {}
     records: list[Record] = []
 
     async def one(session, i, t_s, t_abs):
         status, outcome, cache, error = 0, "error", "", ""
         try:
-            async with session.post(url, json={"query": texts[i]}) as r:
+            async with session.post(url, json={"query": texts[i], **context}) as r:
                 status = r.status
                 body = await r.json(content_type=None)
                 if status == 200:
@@ -201,6 +205,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arrivals", choices=ARRIVALS, default="poisson")
     parser.add_argument("--burstiness", type=float, default=0.25, help="gamma shape (lower = burstier)")
     parser.add_argument("--max-inflight", type=int, default=512)
+    parser.add_argument("--context-bytes", type=int, default=0,
+                        help="query: a context document this long sent with each query (a RAG prompt's)")
     parser.add_argument("--timeout", type=float, default=None, help="per-request timeout, seconds (query 10, llm 60)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--csv", type=Path, default=None, help="write one row per request here")
@@ -226,7 +232,8 @@ def run(args) -> int:
     try:
         records = run_load(args.url or f"http://127.0.0.1:{port('gateway')}/query", args.rate, args.duration,
                            profile=args.profile, arrivals=args.arrivals, burstiness=args.burstiness,
-                           max_inflight=args.max_inflight, timeout_s=args.timeout or 10.0, seed=args.seed)
+                           max_inflight=args.max_inflight, timeout_s=args.timeout or 10.0, seed=args.seed,
+                           context_bytes=args.context_bytes)
     except ValueError as e:
         raise SystemExit(f"load: {e}") from None
     print(format_summary(summarize(records, args.duration)))
