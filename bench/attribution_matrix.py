@@ -207,17 +207,12 @@ def _detail(exp) -> str:
 
 
 def report(results: list[dict], faults, service: str = "gateway") -> str:
-    labels = sorted({r["reported"] for r in results} | {"none"})
-    lines = [f"confusion matrix (rows: injected fault; columns: root cause the {service}'s attribution names, "
-             "most frequent over the fault's steady windows)", ""]
-    width = max(len(x) for x in labels) + 2
-    lines.append(f"{'injected':<10}" + "".join(f"{x:>{width}}" for x in labels))
+    lines = [f"what each run named (the root cause of the {service}'s attribution most frequent over the "
+             "fault's steady windows), runs per answer", ""]
     for f in faults:
-        rows = [r for r in results if r["fault"] == f.name]
-        if not rows:
-            continue
-        counts = collections.Counter(r["reported"] for r in rows)
-        lines.append(f"{f.name:<10}" + "".join(f"{counts.get(x, 0):>{width}}" for x in labels))
+        counts = collections.Counter(r["reported"] for r in results if r["fault"] == f.name)
+        if counts:
+            lines.append(f"{f.name:<10}" + ", ".join(f"{label} {n}" for label, n in counts.most_common()))
     lines += ["", f"{'fault':<10}{'runs':>5}{'correct':>9}{'leaf share':>12}{'e2e share':>11}"
                   f"{'detect (windows after tail)':>29}{'max top share':>15}"]
     for f in faults:

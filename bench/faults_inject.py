@@ -218,7 +218,10 @@ class NetworkQueue(Fault):
 
 
 ROOT = Path(__file__).resolve().parents[1]
-SURGE = 8.0          # a surge adds this many times the usual load
+SURGE = 8.0          # a surge adds this many times the usual load to the stack (its batcher absorbs 4x)
+APP_SURGE = 3.0      # ... and to the app: 4x its 25/s is a little past its one worker's ~90/s, so the tail
+                     # grows all through the fault and the backlog left drains in seconds (at 8x it took
+                     # half a minute, into the next fault)
 SURGE_S = 120.0      # the surge's schedule (longer than a fault stays on): its queries are drawn before the
                      # first is sent, which for an hour's schedule took longer than the fault lasted
 
@@ -363,9 +366,9 @@ def app_faults(url: str, port: int, rate: float, context_bytes: int) -> list[Fau
         Fault("clean", "no fault", (("", ""),)),
         NoisyNeighbour("neighbour", f"{NoisyNeighbour.PER_CPU} busy loops per CPU at nice 0, unrelated to the app",
                        (("app", "runqueue_wait"),)),
-        Surge("surge", f"a second load generator: {SURGE * rate:g} more requests a second "
-                       f"({SURGE + 1:g}x the load: past the app's capacity)",
-              (("app", "offered_load"),), url=url + "/query", rate=SURGE * rate, context_bytes=context_bytes),
+        Surge("surge", f"a second load generator: {APP_SURGE * rate:g} more requests a second "
+                       f"({APP_SURGE + 1:g}x the load: past the app's capacity)",
+              (("app", "offered_load"),), url=url + "/query", rate=APP_SURGE * rate, context_bytes=context_bytes),
         AppSleep("blocking", "a 10 ms sleep syscall on the event loop per request", (("app", "blocking_syscalls"),),
                  url=url, ms=10.0),
         NetworkQueue("network", "the app's traffic through a 4 Mbit TBF (100 KB) shared with a bulk TCP flow",

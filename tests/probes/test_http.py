@@ -81,6 +81,8 @@ def test_requests_are_counted_as_they_arrive_not_when_answered(kernel, spawn, ta
     print(f"while they wait: {during.counters.get(ARRIVED, 0):.0f} arrived, "
           f"{hist(during.histograms, KEY).count} answered; after: {after.counters.get(ARRIVED, 0):.0f} arrived, "
           f"{hist(after.histograms, KEY).count} answered")
+    record("HTTP requests counted as they arrive, before their answer (Python http.server)",
+           "the requests the client sent", during.counters.get(ARRIVED, 0), len(clients), "requests", "exact")
     assert answers == [b"ok\n"] * 6
     assert during.counters.get(ARRIVED) == 6 and hist(during.histograms, KEY).count == 0
     assert ARRIVED not in after.counters and hist(after.histograms, KEY).count == 6
