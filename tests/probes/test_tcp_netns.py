@@ -109,7 +109,19 @@ def serve(procs, link: Link, port: int, pidfile: str):
     raise AssertionError(f"iperf3 in {link.ns} did not listen: {server.stderr.read()}")
 
 
-class SsSampler:
+class SrttSamples:
+    """The median and count of a reference's srtt samples of the loaded connection
+    (each reference says which that is in its loaded())."""
+
+    def median(self) -> float:
+        samples = sorted(self.loaded())
+        return samples[len(samples) // 2]
+
+    def count(self) -> int:
+        return len(self.loaded())
+
+
+class SsSampler(SrttSamples):
     """`ss -ti` every 100 ms inside a namespace: the srtt of each established
     connection on a local port, by peer, while it runs."""
 
@@ -149,13 +161,6 @@ class SsSampler:
         connection; its control connection beside it is idle)."""
         return self.rtt[max(self.acked, key=self.acked.get)]
 
-    def median(self) -> float:
-        samples = sorted(self.loaded())
-        return samples[len(samples) // 2]
-
-    def count(self) -> int:
-        return len(self.loaded())
-
 
 SRTT_READER = """
 tracepoint:tcp:tcp_probe /args->sport == $1 && ((struct sock *)args->skaddr)->__sk_common.skc_net.net->ns.inum == $2/ {
@@ -168,7 +173,7 @@ BEGIN { printf("attached\\n"); }
 """
 
 
-class SrttReader:
+class SrttReader(SrttSamples):
     """The field ss reports (tcp_sock.srtt_us) read every 20 ms by a bpftrace timer
     probe, for the socket on a local port in a namespace that last received a
     segment: no socket lock taken, no process scheduled to read it."""
@@ -199,13 +204,6 @@ class SrttReader:
     def loaded(self) -> list[float]:
         """Samples of the socket read most often: iperf3's data connection."""
         return max(self.rtt.values(), key=len)
-
-    def median(self) -> float:
-        samples = sorted(self.loaded())
-        return samples[len(samples) // 2]
-
-    def count(self) -> int:
-        return len(self.loaded())
 
 
 def load(procs, *links_ports, seconds=SECONDS):

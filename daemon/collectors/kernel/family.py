@@ -42,6 +42,7 @@ class Family:
     tracepoints: tuple[tuple[str, str], ...] = ()     # (tracepoint, fn)
     defines: dict[str, int] = {}                      # label ids and the like, as C #defines
     helpers: tuple[Helper, ...] = ()                  # BPF helpers it calls that Linux 5.11 lacks
+    service_arrays: dict[str, str] = {}               # per-CPU array indexed by service id -> its counter signal
 
     @classmethod
     def attach_points(cls) -> list[str]:
@@ -50,11 +51,6 @@ class Family:
 
     def label(self, signal: str, label_id: int) -> str:
         return ""
-
-    def counters(self, program, service_ids) -> dict[tuple[int, int, int], int]:
-        """Cumulative counters it keeps outside the shared `counts` map, keyed (service
-        id, signal id, label id) as those are, for these service ids."""
-        return {}
 
     def refresh(self, program, targets: dict, service_ids: dict[str, int]) -> None:
         """Called each interval with the Program, {service: ServiceProcesses} and {service: id}."""

@@ -2,8 +2,6 @@
 response, its first body byte (a streaming LLM server's TTFT), the gaps between
 its body writes (inter-token), its status class, and the responses that sent
 the client away (429, 503: a limit or a queue timeout), timed apart."""
-import ctypes
-
 from daemon.collectors.kernel.family import Family, Signal
 from daemon.collectors.kernel.helpers import PT_REGS
 
@@ -55,13 +53,7 @@ class Http(Family):
     tracepoints = SOCKET_CALLS + syscall_points(("exit", "sendfile64"))
     helpers = PT_REGS
     defines = {"FAMILY_HTTP": 1, "HTTP_ARRIVED_IDS": ARRIVED_IDS, **REFUSED}
-
-    def counters(self, program, service_ids) -> dict[tuple[int, int, int], int]:
-        """Each service's requests read so far: its slot of the per-CPU http_arrived array, summed."""
-        from daemon.collectors.kernel.families import SIGNAL_IDS   # which imports this module
-        table, signal = program.table("http_arrived"), SIGNAL_IDS["http_arrived"]
-        read = {(sid, signal, 0): table.sum(ctypes.c_int(sid)).value for sid in service_ids if sid < ARRIVED_IDS}
-        return {k: n for k, n in read.items() if n}
+    service_arrays = {"http_arrived": "http_arrived"}
 
     def label(self, signal: str, label_id: int) -> str:
         if signal == "http_refused":

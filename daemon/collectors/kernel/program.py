@@ -165,10 +165,14 @@ class Program:
 
     def counters(self, service_ids=()) -> dict:
         """Cumulative counters keyed (service, signal, label): the shared `counts` map's,
-        and those a family keeps apart, for these service ids."""
+        and for these service ids each family's per-CPU arrays by service id (summed)."""
         out = self._by_series("counts")
         for family in self.families:
-            out.update(family.counters(self, service_ids))
+            for name, signal in family.service_arrays.items():
+                table = self.bpf[name]
+                read = {(sid, SIGNAL_IDS[signal], 0): table.sum(ctypes.c_int(sid)).value
+                        for sid in service_ids if sid < table.max_entries}
+                out.update((k, n) for k, n in read.items() if n)
         return out
 
     def _by_series(self, name: str) -> dict:
