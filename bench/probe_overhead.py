@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from daemon.collectors.kernel import FAMILIES, KernelCollector
-from daemon.collectors.kernel.program import HINT_SLOTS, TARGETING_TRACEPOINTS, Program
+from daemon.collectors.kernel.family import Attachment
+from daemon.collectors.kernel.program import HINT_SLOTS, TARGETING_TRACEPOINTS, Program, raw_name
 from daemon.model.service import ServiceSpec
 
 LOOP_C = r"""
@@ -75,33 +76,48 @@ def build_loop(folder: Path) -> Path:
 class Variant:
     """A set of programs that can be attached and detached between rounds."""
 
-    def __init__(self, name: str, families: list[str] | None = None, empty_on: list[str] | None = None,
+    def __init__(self, name: str, families: list[str] | None = None, empty_on: list[Attachment] | None = None,
                  watch_loop: bool = False):
         from bcc import BPF
         self.name, self.watch_loop = name, watch_loop
+        self.program, self.points = None, empty_on or []
         if empty_on is not None:
-            self.bpf, self.points = BPF(text=EMPTY.encode()), [(tp, "empty") for tp in empty_on]
+            self.bpf = BPF(text=EMPTY.encode())
         elif families is not None:
-            program = Program([FAMILIES[f]() for f in families])
-            self.bpf = program.bpf
-            # Families that share a tracepoint share its program: attach each point once.
-            self.points = list(dict.fromkeys([*TARGETING_TRACEPOINTS,
-                                              *(p for f in program.families for p in f.tracepoints)]))
+            self.program = Program([FAMILIES[f]() for f in families])
+            self.bpf = self.program.bpf
         else:
-            self.bpf, self.points = None, []
+            self.bpf = None
 
     def attach(self):
-        for tp, fn in self.points:
-            self.bpf.attach_tracepoint(tp=tp, fn_name=fn)
+        if self.program:
+            self.program.attach_tracepoints()
+        for a in self.points:
+            if a.kind == "raw_tracepoint":
+                self.bpf.attach_raw_tracepoint(tp=raw_name(a.target), fn_name=a.fn)
+            else:
+                self.bpf.attach_tracepoint(tp=a.target, fn_name=a.fn)
 
     def detach(self):
-        for tp, _ in self.points:
-            self.bpf.detach_tracepoint(tp)
+        if self.program:
+            self.program.detach_all()
+        for a in self.points:
+            if a.kind == "raw_tracepoint":
+                self.bpf.detach_raw_tracepoint(tp=raw_name(a.target))
+            else:
+                self.bpf.detach_tracepoint(a.target)
 
 
-def all_tracepoints() -> list[str]:
-    return list(dict.fromkeys([tp for tp, _ in TARGETING_TRACEPOINTS] +
-                              [tp for f in FAMILIES.values() for tp, _ in f.tracepoints]))
+def empty(tracepoint: str, kind: str = "tracepoint") -> Attachment:
+    return Attachment(kind, tracepoint, "empty")
+
+
+def all_attach_points() -> list[Attachment]:
+    """Every point the families attach to, each once, as an empty program would."""
+    points = [empty(tp) for tp, _ in TARGETING_TRACEPOINTS]
+    for f in FAMILIES.values():
+        points += [empty(tp) for tp, _ in f.tracepoints] + [empty(tp, "raw_tracepoint") for tp, _ in f.raw_tracepoints]
+    return list(dict.fromkeys(points))
 
 
 def noise_ns(rounds: list[float]) -> float:
@@ -227,8 +243,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         loop = build_loop(Path(tmp))
         variants = [Variant("no probe"),
-                    Variant("empty, 1 tracepoint (sys_enter)", empty_on=["raw_syscalls:sys_enter"]),
-                    Variant("empty, same attach points as all", empty_on=all_tracepoints())]
+                    Variant("empty, 1 tracepoint (sys_enter)", empty_on=[empty("raw_syscalls:sys_enter")]),
+                    Variant("empty, same attach points as all", empty_on=all_attach_points())]
         variants += [Variant(name, [name]) for name in FAMILIES]
         variants.append(Variant("all families", list(FAMILIES)))
         variants.append(Variant("all families, loop is watched", list(FAMILIES), watch_loop=True))

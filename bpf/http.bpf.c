@@ -23,8 +23,10 @@
  *                        away, 429 or 503 (HTTP_TOO_MANY_REQUESTS,
  *                        HTTP_SERVICE_UNAVAILABLE): a limit_req, a queue timeout.
  * Per request, as it is read: http_arrived counts it (answered or not yet, so a
- * stalled server's arrivals are counted as they come, not when it answers), in
- * a per-CPU array by service id: no hash and no atomic on the hot path.
+ * stalled server's arrivals are counted as they come, not when it answers).
+ * That count and the status classes' are kept in per-CPU arrays by service id
+ * (the first 1023 ids), whose lookups the JIT inlines: no hash and no atomic on
+ * the hot path; user space sums the CPUs' slots.
  * Every program runs at a syscall's exit and reads what the call was given from
  * the task's registers (current_call_args), so a read or a write is one program
  * run and one lookup of its connection: no program on the syscall's entry and no
@@ -55,7 +57,24 @@ struct http_conn {
 };
 
 BPF_TABLE("lru_hash", struct http_conn_key, struct http_conn, http_conns, 65536);
-BPF_PERCPU_ARRAY(http_arrived, u64, HTTP_ARRIVED_IDS);   /* service id -> requests read */
+/* Counters by service id in per-CPU arrays, no hash and no atomic (see above). */
+BPF_PERCPU_ARRAY(http_arrived, u64, HTTP_SERVICE_IDS);                       /* requests read */
+BPF_PERCPU_ARRAY(http_statuses, u64, HTTP_SERVICE_IDS * HTTP_CLASS_SLOTS);   /* responses by status class */
+
+static __always_inline void http_arrived_add(u32 service)
+{
+    u64 *n = http_arrived.lookup(&service);
+    if (n)
+        (*n)++;
+}
+
+static __always_inline void http_status_add(u32 service, u32 status)
+{
+    u32 slot = service * HTTP_CLASS_SLOTS + status / 100;
+    u64 *n = http_statuses.lookup(&slot);
+    if (n)
+        (*n)++;
+}
 
 /* How a write syscall hands over its bytes. */
 #define HTTP_BUF 0       /* write, sendto: buf, len */
@@ -129,10 +148,7 @@ static __always_inline int http_read_done(struct http_conn *c, long ret, u64 fd,
     }
     c->checked = 1;
     c->request_at = bpf_ktime_get_ns();
-    u32 service = c->service;
-    u64 *arrived = http_arrived.lookup(&service);
-    if (arrived)
-        (*arrived)++;
+    http_arrived_add(c->service);
     return 0;
 }
 
@@ -218,7 +234,7 @@ static __always_inline int http_write_done(struct http_conn *c, long ret, u64 fd
         c->spoke = 1;
         if (status < 200)                        /* 100 Continue and the like: the answer comes later */
             return 0;
-        count_add(c->service, SIG_HTTP_STATUS, status / 100, 1);
+        http_status_add(c->service, status);
         if (status == HTTP_TOO_MANY_REQUESTS || status == HTTP_SERVICE_UNAVAILABLE)
             c->refused = status;
         c->last_write_at = now;

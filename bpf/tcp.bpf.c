@@ -15,7 +15,10 @@
  * (TCP_SK_NET_OFF, TCP_NET_INUM_OFF) and TCP_SKB_CB(skb)->tcp_gso_segs
  * (TCP_SKB_SEGS_OFF: the segments the kernel adds to TcpRetransSegs). Where BTF
  * lacks them the offsets are -1: ports then match in every namespace (netns 0 on
- * both sides) and a retransmitted skb counts as one segment.
+ * both sides) and a retransmitted skb counts as one segment. tcp_probe, which
+ * fires on every received segment, is attached raw and reads the socket's ports
+ * and srtt at BTF offsets too (TCP_PORTS_OFF, TCP_SRTT_OFF); without them the
+ * RTT is not measured.
  * RTT is sampled at most once per TCP_RTT_EVERY_NS per connection (the first
  * received segment after that), so each busy connection weighs the same in time,
  * however many segments it receives: a burst of ACKs counts once.
@@ -142,18 +145,31 @@ static __always_inline struct tcp_owner *tcp_owner_of(u64 sk, u16 sport, u16 dpo
     return tcp_socks.lookup(&sk);
 }
 
-int on_tcp_probe(struct tracepoint__tcp__tcp_probe *args)
+#if TCP_PORTS_OFF >= 0
+/* tcp:tcp_probe, attached raw (its arguments: the socket, the skb): the kernel
+ * builds no trace record for the segment, which it would for every segment of
+ * every connection on the host, and the program reads the socket's two ports in
+ * one load and its srtt only for a sample it keeps. */
+int on_tcp_probe(struct bpf_raw_tracepoint_args *ctx)
 {
-    struct tcp_owner *o = tcp_owner_of((u64)args->skaddr, args->sport, args->dport);
-    if (!o || !args->srtt)               /* srtt 0: no RTT measured yet */
+    u64 sk = ctx->args[0];
+    u32 ports = 0;                       /* skc_dport (network order), then skc_num */
+    bpf_probe_read_kernel(&ports, sizeof(ports), (void *)(sk + TCP_PORTS_OFF));
+    struct tcp_owner *o = tcp_owner_of(sk, ports >> 16, __builtin_bswap16((u16)ports));
+    if (!o)
         return 0;
     u64 now = bpf_ktime_get_ns();
     if (now - o->rtt_at < TCP_RTT_EVERY_NS)
         return 0;
+    u32 srtt = 0;                        /* tcp_sock.srtt_us: 8 times the smoothed RTT in us */
+    bpf_probe_read_kernel(&srtt, sizeof(srtt), (void *)(sk + TCP_SRTT_OFF));
+    if (srtt < 8)                        /* no RTT measured yet */
+        return 0;
     o->rtt_at = now;
-    hist_add(o->service, SIG_TCP_RTT, o->peer, (u64)args->srtt * 1000);
+    hist_add(o->service, SIG_TCP_RTT, o->peer, (u64)(srtt >> 3) * 1000);
     return 0;
 }
+#endif
 
 int on_tcp_retransmit(struct tracepoint__tcp__tcp_retransmit_skb *args)
 {

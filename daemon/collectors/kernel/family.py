@@ -20,16 +20,18 @@ class Signal(NamedTuple):
 
 @dataclass(frozen=True)
 class Attachment:
-    """One attach point: a tracepoint ("sched:sched_switch") or a uprobe on a library."""
-    kind: str            # "tracepoint", "uprobe", "uretprobe"
-    target: str          # tracepoint name, or library path for uprobes
+    """One attach point: a tracepoint ("sched:sched_switch"), attached through its
+    trace record or raw (the program gets the tracepoint's own arguments), or a
+    uprobe on a library."""
+    kind: str            # "tracepoint", "raw_tracepoint", "uprobe", "uretprobe"
+    target: str          # tracepoint name (category:name), or library path for uprobes
     fn: str              # BPF function name
     symbol: str = ""     # uprobe symbol
 
     @property
     def probe(self) -> str:
         """The name users see in slotune_probe_attached{probe}."""
-        if self.kind == "tracepoint":
+        if self.kind in ("tracepoint", "raw_tracepoint"):
             return self.target
         return f"{self.kind}:{self.target}:{self.symbol}"
 
@@ -40,14 +42,17 @@ class Family:
     source = ""                                       # bpf/<source>.bpf.c
     signals: tuple[Signal, ...] = ()
     tracepoints: tuple[tuple[str, str], ...] = ()     # (tracepoint, fn)
+    raw_tracepoints: tuple[tuple[str, str], ...] = () # (tracepoint, fn) attached raw: no trace record
     defines: dict[str, int] = {}                      # label ids and the like, as C #defines
     helpers: tuple[Helper, ...] = ()                  # BPF helpers it calls that Linux 5.11 lacks
-    service_arrays: dict[str, str] = {}               # per-CPU array indexed by service id -> its counter signal
+    # Counters kept in per-CPU arrays (no hash, no atomic on the hot path): array name ->
+    # (its counter signal, labels per service); a series' slot is service id * labels + label.
+    service_arrays: dict[str, tuple[str, int]] = {}
 
     @classmethod
     def attach_points(cls) -> list[str]:
         """Where it attaches, as `slotune probes --list` shows it."""
-        return [tp for tp, _ in cls.tracepoints]
+        return [tp for tp, _ in (*cls.tracepoints, *cls.raw_tracepoints)]
 
     def label(self, signal: str, label_id: int) -> str:
         return ""

@@ -28,7 +28,8 @@ STATUS_CLASSES = {n: f"{n}xx" for n in range(2, 6)}   # label id: the status cod
 REFUSED = {"HTTP_TOO_MANY_REQUESTS": 429, "HTTP_SERVICE_UNAVAILABLE": 503}
 
 
-ARRIVED_IDS = 1024      # service ids with a slot in http_arrived (its requests read); ids start at 1
+SERVICE_IDS = 1024      # service ids with slots in the per-CPU counters below; ids start at 1
+CLASS_SLOTS = 8         # http_statuses slots per service: the status code's first digit
 
 
 class Http(Family):
@@ -52,8 +53,8 @@ class Http(Family):
                       "the load offered to it"))
     tracepoints = SOCKET_CALLS + syscall_points(("exit", "sendfile64"))
     helpers = PT_REGS
-    defines = {"FAMILY_HTTP": 1, "HTTP_ARRIVED_IDS": ARRIVED_IDS, **REFUSED}
-    service_arrays = {"http_arrived": "http_arrived"}
+    defines = {"FAMILY_HTTP": 1, "HTTP_SERVICE_IDS": SERVICE_IDS, "HTTP_CLASS_SLOTS": CLASS_SLOTS, **REFUSED}
+    service_arrays = {"http_arrived": ("http_arrived", 1), "http_statuses": ("http_status", CLASS_SLOTS)}
 
     def label(self, signal: str, label_id: int) -> str:
         if signal == "http_refused":

@@ -65,6 +65,11 @@ def release_compiler_memory() -> None:
             libc.madvise(start, end - start, advice)   # EINVAL where the kernel lacks one: left as it is
 
 
+def raw_name(tracepoint: str) -> str:
+    """A raw tracepoint is named without its category: "tcp:tcp_probe" -> "tcp_probe"."""
+    return tracepoint.split(":", 1)[-1]
+
+
 def program_text(families: list[Family], entries: dict[str, int] | None = None) -> str:
     """The exact C text BCC compiles for these families, with these map sizes
     (name -> entries; a map not named keeps its MAP_ENTRIES default)."""
@@ -109,6 +114,8 @@ class Program:
         try:
             if a.kind == "tracepoint":
                 self.bpf.attach_tracepoint(tp=a.target, fn_name=a.fn)
+            elif a.kind == "raw_tracepoint":
+                self.bpf.attach_raw_tracepoint(tp=raw_name(a.target), fn_name=a.fn)
             elif a.kind == "uprobe":
                 self.bpf.attach_uprobe(name=a.target, sym=a.symbol, fn_name=a.fn)
             else:
@@ -131,6 +138,8 @@ class Program:
             a = self.attachments[probe]
             if a.kind == "tracepoint":
                 self.bpf.detach_tracepoint(a.target)
+            elif a.kind == "raw_tracepoint":
+                self.bpf.detach_raw_tracepoint(tp=raw_name(a.target))
             elif a.kind == "uprobe":
                 self.bpf.detach_uprobe(name=a.target, sym=a.symbol)
             else:
@@ -140,10 +149,13 @@ class Program:
         return detached
 
     def attach_tracepoints(self) -> None:
-        for family in [None, *self.families]:
-            points = TARGETING_TRACEPOINTS if family is None else family.tracepoints
-            for tp, fn in points:
+        for tp, fn in TARGETING_TRACEPOINTS:
+            self.attach(Attachment("tracepoint", tp, fn))
+        for family in self.families:
+            for tp, fn in family.tracepoints:
                 self.attach(Attachment("tracepoint", tp, fn))
+            for tp, fn in family.raw_tracepoints:
+                self.attach(Attachment("raw_tracepoint", tp, fn))
 
     def table(self, name: str):
         return self.bpf[name]
@@ -168,11 +180,14 @@ class Program:
         and for these service ids each family's per-CPU arrays by service id (summed)."""
         out = self._by_series("counts")
         for family in self.families:
-            for name, signal in family.service_arrays.items():
+            for name, (signal, labels) in family.service_arrays.items():
                 table = self.bpf[name]
-                read = {(sid, SIGNAL_IDS[signal], 0): table.sum(ctypes.c_int(sid)).value
-                        for sid in service_ids if sid < table.max_entries}
-                out.update((k, n) for k, n in read.items() if n)
+                for sid in service_ids:
+                    for label in range(labels):
+                        slot = sid * labels + label
+                        n = table.sum(ctypes.c_int(slot)).value if slot < table.max_entries else 0
+                        if n:
+                            out[(sid, SIGNAL_IDS[signal], label)] = n
         return out
 
     def _by_series(self, name: str) -> dict:

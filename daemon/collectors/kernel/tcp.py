@@ -22,6 +22,9 @@ SK_NET = ("sock", "__sk_common.skc_net.net")      # struct net * of a socket
 NET_INUM = ("net", "ns.inum")                      # its inode, as in /proc/<pid>/ns/net
 SKB_CB = ("sk_buff", "cb")                         # TCP_SKB_CB(skb) lives here
 CB_SEGS = ("tcp_skb_cb", "tcp_gso_segs")           # tcp_skb_pcount(skb)
+DPORT = ("sock", "__sk_common.skc_dport")          # remote port (network order), then
+NUM = ("sock", "__sk_common.skc_num")              # the local port (host order) right after it
+SRTT = ("tcp_sock", "srtt_us")                     # 8 times the smoothed RTT, us
 SOCK_HINT_SLOTS = 1024                             # tcp_sock_hint slots (socket address hash): 8 KiB
 RETRANSMIT_FORMAT = "/sys/kernel/tracing/events/tcp/tcp_retransmit_skb/format"
 
@@ -36,12 +39,25 @@ def kernel_layout() -> dict[str, int]:
         log.warning("tcp probes: %s; listening ports are matched in every network namespace "
                     "and a retransmitted skb counts as one segment", exc)
         layout = {"TCP_SK_NET_OFF": -1, "TCP_NET_INUM_OFF": -1, "TCP_SKB_SEGS_OFF": -1}
+    layout.update(rtt_layout())
     try:   # since Linux 6.10 the tracepoint also fires when the retransmit gave up, with err
         with open(RETRANSMIT_FORMAT) as f:
             layout["TCP_RETRANSMIT_ERR"] = int("field:int err;" in f.read())
     except OSError:
         layout["TCP_RETRANSMIT_ERR"] = 0
     return layout
+
+
+def rtt_layout() -> dict[str, int]:
+    """Where on_tcp_probe, a raw tracepoint program, finds a socket's ports and srtt."""
+    try:
+        off = offsets((DPORT, NUM, SRTT))
+        if off[NUM] != off[DPORT] + 2:
+            raise BtfError(f"the running kernel's sock has skc_num at {off[NUM]}, not right after skc_dport")
+        return {"TCP_PORTS_OFF": off[DPORT], "TCP_SRTT_OFF": off[SRTT]}
+    except BtfError as exc:
+        log.warning("tcp probes: %s; the TCP RTT is not measured (the other TCP signals are)", exc)
+        return {"TCP_PORTS_OFF": -1, "TCP_SRTT_OFF": -1}
 
 
 class Tcp(Family):
@@ -57,10 +73,10 @@ class Tcp(Family):
                       "TCP connections the service established (outgoing and accepted)"),
                Signal("tcp_closed", "slotune_tcp_connections_closed_total", "peer", "counter",
                       "Established TCP connections of the service that closed"))
-    tracepoints = (("tcp:tcp_probe", "on_tcp_probe"),
-                   ("tcp:tcp_retransmit_skb", "on_tcp_retransmit"),
+    tracepoints = (("tcp:tcp_retransmit_skb", "on_tcp_retransmit"),
                    ("tcp:tcp_retransmit_synack", "on_tcp_retransmit_synack"),
                    ("sock:inet_sock_set_state", "on_tcp_state"))
+    raw_tracepoints = (("tcp:tcp_probe", "on_tcp_probe"),)   # every received segment: no record built
 
     def __init__(self):
         self.peer_ids: dict[str, int] = {OTHER: 0}   # grows only: ids stay stable for deltas
@@ -68,6 +84,8 @@ class Tcp(Family):
                         **kernel_layout()}
         self.port_words: dict[int, int] = {}         # tcp_port_hint words written (port // 64 -> bits)
         self.netns_known = self.defines["TCP_SK_NET_OFF"] >= 0 and self.defines["TCP_NET_INUM_OFF"] >= 0
+        if self.defines["TCP_PORTS_OFF"] < 0:
+            self.raw_tracepoints = ()                # no on_tcp_probe in the program
 
     def label(self, signal: str, label_id: int) -> str:
         for name, peer_id in self.peer_ids.items():
