@@ -3,13 +3,18 @@ of every program an unwatched task exec's to a ring buffer, and a thread hands
 each one to the collector at once (KernelCollector.adopt), which watches it there
 and then if it is a service's. So a service started after slotune is counted
 from its first request, not from the rescan at the end of the interval it
-started in; the rescan stays the safety net (a dropped event, a port finder)."""
+started in; the rescan stays the safety net (a dropped event, a port finder). The
+thread sleeps until an exec is sent or stop() wakes it: an idle host costs it nothing."""
 from __future__ import annotations
 
 import ctypes
 import logging
+import os
+import select
 import threading
 from typing import Callable
+
+from bcc.libbcc import lib
 
 from daemon.collectors.kernel.family import Attachment
 
@@ -17,7 +22,9 @@ log = logging.getLogger(__name__)
 
 TRACEPOINTS = (("syscalls:sys_exit_execve", "on_execve_exit"),
                ("syscalls:sys_exit_execveat", "on_execveat_exit"))
-POLL_MS = 100               # how often the thread looks at its stop flag
+# libbpf's, inside libbcc (BCC's Python has no call for it): the fd a poll on the ring buffers waits on
+lib.ring_buffer__epoll_fd.restype = ctypes.c_int
+lib.ring_buffer__epoll_fd.argtypes = [ctypes.c_void_p]
 
 
 class Arrivals:
@@ -26,11 +33,11 @@ class Arrivals:
     def __init__(self, program, adopt: Callable[[int], None]):
         self.program = program
         self.adopt = adopt
-        self.stopping = threading.Event()
         self.failed = False
         for tp, fn in TRACEPOINTS:
             program.attach(Attachment("tracepoint", tp, fn))
         program.table("execs").open_ring_buffer(self._event)
+        self.wake_read, self.wake_write = os.pipe()     # stop() writes here
         self.thread = threading.Thread(target=self._run, name="slotune-arrivals", daemon=True)
         self.thread.start()
 
@@ -46,10 +53,15 @@ class Arrivals:
         return 0
 
     def _run(self) -> None:
-        while not self.stopping.is_set():
-            self.program.bpf.ring_buffer_poll(POLL_MS)
+        waits = select.poll()
+        waits.register(lib.ring_buffer__epoll_fd(self.program.bpf._ringbuf_manager), select.POLLIN)
+        waits.register(self.wake_read, select.POLLIN)
+        while all(fd != self.wake_read for fd, _ in waits.poll()):
+            self.program.bpf.ring_buffer_consume()
 
     def stop(self) -> None:
         """Ends the thread; the program may be closed after this returns."""
-        self.stopping.set()
+        os.write(self.wake_write, b"x")
         self.thread.join()
+        os.close(self.wake_read)
+        os.close(self.wake_write)
