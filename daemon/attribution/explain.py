@@ -48,6 +48,7 @@ tail is):
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -391,18 +392,84 @@ def _credit(growth: float, rises: dict[str, float]) -> dict[str, float]:
     return {c: r * scale for c, r in rises.items()}
 
 
+class _JitterRows:
+    """The jitter regression's rows over a run of windows, oldest first: each window's P99
+    and cause readings (0.0 where it has none), the columns in the order the causes first
+    appear. Kept with the run's newest window (Window.derived) and handed on to the next
+    one's call, which drops the windows gone from the horizon and reads only the new ones."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.windows: list[Window] = []
+        self.p99: list[float] = []
+        self.named: list[tuple[str, ...]] = []          # each window's causes, as its readings list them
+        self.columns: dict[str, list[float]] = {}       # cause -> its reading in each window
+        self.read_in: dict[str, int] = {}               # cause -> how many of the windows read it
+
+    def follow(self, ws: Sequence[Window]) -> bool:
+        """Become the rows of ws, if ws continues the windows held (False: start afresh)."""
+        first = next((i for i, w in enumerate(self.windows) if w is ws[0]), None)
+        if first is None:
+            return False
+        held = len(self.windows) - first
+        if held > len(ws) or not all(map(operator.is_, self.windows[first:], ws[:held])):
+            return False
+        for names in self.named[:first]:
+            for cause in names:
+                self.read_in[cause] -= 1
+                if not self.read_in[cause]:
+                    del self.read_in[cause], self.columns[cause]
+        for rows in (self.windows, self.p99, self.named, *self.columns.values()):
+            del rows[:first]
+        for w in ws[held:]:
+            self.add(w)
+        return True
+
+    def add(self, w: Window) -> None:
+        stats, n = _stats([w], self.source), len(self.windows)
+        for column in self.columns.values():
+            column.append(0.0)
+        for cause, r in stats.readings.items():
+            if cause not in self.columns:
+                self.columns[cause] = [0.0] * (n + 1)
+            self.columns[cause][n] = r.value_s
+            self.read_in[cause] = self.read_in.get(cause, 0) + 1
+        self.windows.append(w)
+        self.p99.append(stats.p99)
+        self.named.append(tuple(stats.readings))
+
+    def in_order(self) -> dict[str, list[float]]:
+        """The columns, each cause where a window first names it."""
+        order: dict[str, list[float]] = {}
+        for names in self.named:
+            if len(order) == len(self.columns):
+                break
+            for cause in names:
+                if cause not in order:
+                    order[cause] = self.columns[cause]
+        return order
+
+
+def _jitter_rows(ws: Sequence[Window], source: str) -> _JitterRows:
+    """The rows of ws, from those kept with its newest window or the one before, else read afresh."""
+    key = ("jitter rows", source)
+    rows = next((w.derived.pop(key) for w in ws[-1:-3:-1] if key in w.derived), None)
+    if rows is None or not rows.follow(ws):
+        rows = _JitterRows(source)
+        for w in ws:
+            rows.add(w)
+    if ws:
+        ws[-1].derived[key] = rows
+    return rows
+
+
 def _jitter(split: _Split, downstream_windows: Mapping[str, Sequence[Window]]) -> tuple[float, dict[str, float]]:
     ws = split.windows
-    each = [_stats([w], split.source) for w in ws]
-    y = np.array([s.p99 for s in each])
+    rows = _jitter_rows(ws, split.source)
+    y = np.array(rows.p99)
     if len(ws) < 3 or not np.all(np.isfinite(y)) or y.std() == 0:
         return (float(y.std()) if len(ws) and np.all(np.isfinite(y)) else 0.0), {}
-    columns: dict[str, list[float]] = {}
-    for i, reading in enumerate(s.readings for s in each):
-        for cause, r in reading.items():
-            if cause not in columns:
-                columns[cause] = [0.0] * len(ws)
-            columns[cause][i] = r.value_s
+    columns = rows.in_order()
     for name, dws in downstream_windows.items():
         by_end = dict(ended for w in dws if (ended := _ended(w))[1] is not None)
         columns[f"downstream:{name}"] = [by_end.get(_ended(w)[0], math.nan) for w in ws]
