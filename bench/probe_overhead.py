@@ -63,7 +63,8 @@ int main(int argc, char **argv) {
 }
 """
 
-EMPTY = "int empty(void *ctx) { return 0; }"
+# One empty program per program type (BCC loads a function once, as one type).
+EMPTY = "int empty(void *ctx) { return 0; }\nint empty_raw(void *ctx) { return 0; }"
 
 
 def build_loop(folder: Path) -> Path:
@@ -109,7 +110,7 @@ class Variant:
 
 
 def empty(tracepoint: str, kind: str = "tracepoint") -> Attachment:
-    return Attachment(kind, tracepoint, "empty")
+    return Attachment(kind, tracepoint, "empty_raw" if kind == "raw_tracepoint" else "empty")
 
 
 def all_attach_points() -> list[Attachment]:

@@ -121,6 +121,38 @@ static __always_inline u32 current_tgid(void)
     return (u32)(bpf_get_current_pid_tgid() >> 32);
 }
 
+/* The scheduler's raw tracepoints (the offcpu and runqueue families, which
+ * define SCHED_*: daemon/collectors/kernel/sched.py). Their arguments are the
+ * kernel's own: task_struct pointers, whose tid is read at its BTF offset. */
+#ifdef SCHED_TASK_PID_OFF
+static __always_inline u32 task_tid(u64 task)
+{
+    u32 tid = 0;
+    bpf_probe_read_kernel(&tid, sizeof(tid), (void *)(task + SCHED_TASK_PID_OFF));
+    return tid;
+}
+
+/* sched_switch(preempt, prev, next, prev_state): prev is the current task. */
+struct sched_switch {
+    u32 prev;            /* tids */
+    u32 next;
+    u32 prev_state;      /* prev's __state as it left: TASK_INTERRUPTIBLE..., 0 when runnable */
+    u32 preempted;       /* it was preempted (so still runnable, whatever its state says) */
+};
+
+static __always_inline struct sched_switch sched_switch_of(struct bpf_raw_tracepoint_args *ctx)
+{
+    struct sched_switch s = {.prev = current_tid(), .next = task_tid(ctx->args[2]),
+                             .preempted = (u8)ctx->args[0]};
+#if SCHED_SWITCH_STATE_ARG
+    s.prev_state = (u32)ctx->args[3];
+#else
+    bpf_probe_read_kernel(&s.prev_state, sizeof(s.prev_state), (void *)(ctx->args[1] + SCHED_TASK_STATE_OFF));
+#endif
+    return s;
+}
+#endif
+
 /* The first iovec of a sendmsg/recvmsg struct user_msghdr at `msg` (msg_iov at
  * 16, msg_iovlen at 24): iov[0] its array, iov[1] how many it holds. */
 static __always_inline void msghdr_iov(u64 msg, u64 iov[2])

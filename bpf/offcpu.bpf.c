@@ -9,11 +9,10 @@
  * progress is read from the task's saved user registers (struct pt_regs, the
  * arch's syscall ABI, the frame ptrace shows): x86-64 orig_ax with ax still
  * -ENOSYS while the syscall runs, arm64 syscallno (-1 outside a syscall).
- * A task preempted on its way to sleep (its state already set, reported as
- * runnable) counts as blocked too when its task_struct __state can be read at
- * the offset user space takes from the kernel's BTF (OFFCPU_TASK_STATE_OFF, -1
- * when unknown): else a sleep whose timer fired while it was preempted would
- * never be seen. */
+ * A task preempted on its way to sleep (its state already set) counts as
+ * blocked too: sched_switch, attached raw, hands over the task's state as it
+ * left, whether or not it was preempted (bpf/common.h sched_switch_of); else a
+ * sleep whose timer fired while it was preempted would never be seen. */
 
 struct offcpu_left {
     u64 at;              /* ns it was switched out */
@@ -77,24 +76,11 @@ static __always_inline long current_syscall(void)
 #endif
 }
 
-/* The switched-out (current) task is waiting, not merely preempted. */
-static __always_inline int offcpu_blocked(long prev_state)
+static __always_inline void offcpu_switch(struct sched_switch *s)
 {
-    if (prev_state & OFFCPU_BLOCKED)
-        return 1;
-#if OFFCPU_TASK_STATE_OFF >= 0
-    u32 state = 0;
-    bpf_probe_read_kernel(&state, sizeof(state), (void *)(bpf_get_current_task() + OFFCPU_TASK_STATE_OFF));
-    return (state & OFFCPU_BLOCKED) != 0;
-#else
-    return 0;
-#endif
-}
-
-static __always_inline void offcpu_switch(u32 prev, long prev_state, u32 next)
-{
+    u32 prev = s->prev, next = s->next;
     u32 *service = service_of_task(prev);       /* prev is the current task */
-    if (service && offcpu_blocked(prev_state)) {
+    if (service && (s->prev_state & OFFCPU_BLOCKED)) {
         long nr = current_syscall();
         if (nr >= 0) {
             struct offcpu_left e = {.at = bpf_ktime_get_ns(), .service = *service,
@@ -114,14 +100,17 @@ static __always_inline void offcpu_switch(u32 prev, long prev_state, u32 next)
 
 /* The runqueue family reads sched_switch too (bpf/runqueue.bpf.c): one program serves both. */
 #ifdef FAMILY_RUNQUEUE
-static __always_inline void runqueue_switch(u32 prev, long prev_state, u32 next);   /* whichever file comes first */
+static __always_inline void runqueue_switch(struct sched_switch *s);   /* whichever file comes first */
 #endif
 
-int on_sched_switch(struct tracepoint__sched__sched_switch *args)
+#if SCHED_TASK_PID_OFF >= 0
+int on_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 {
+    struct sched_switch s = sched_switch_of(ctx);
 #ifdef FAMILY_RUNQUEUE
-    runqueue_switch(args->prev_pid, args->prev_state, args->next_pid);
+    runqueue_switch(&s);
 #endif
-    offcpu_switch(args->prev_pid, args->prev_state, args->next_pid);
+    offcpu_switch(&s);
     return 0;
 }
+#endif

@@ -13,21 +13,25 @@ static __always_inline int runqueue_enqueue(u32 tid)
     return 0;
 }
 
-int on_sched_wakeup(struct tracepoint__sched__sched_wakeup *args)
+#if SCHED_TASK_PID_OFF >= 0
+int on_sched_wakeup(struct bpf_raw_tracepoint_args *ctx)       /* (p) */
 {
-    return runqueue_enqueue(args->pid);
+    return runqueue_enqueue(task_tid(ctx->args[0]));
 }
 
-int on_sched_wakeup_new(struct tracepoint__sched__sched_wakeup_new *args)
+int on_sched_wakeup_new(struct bpf_raw_tracepoint_args *ctx)   /* (p) */
 {
-    return runqueue_enqueue(args->pid);
+    return runqueue_enqueue(task_tid(ctx->args[0]));
 }
+#endif
 
-static __always_inline void runqueue_switch(u32 prev, long prev_state, u32 next)
+static __always_inline void runqueue_switch(struct sched_switch *s)
 {
-    /* TASK_REPORT bits (0xff) clear: still runnable, i.e. preempted or yielded. */
-    if ((prev_state & 0xff) == 0)
-        runqueue_enqueue(prev);
+    /* Preempted, or no sleeping state bit (0xff) set, as the tracepoint reports
+     * it: still runnable (preempted or yielded). */
+    if (s->preempted || (s->prev_state & 0xff) == 0)
+        runqueue_enqueue(s->prev);
+    u32 next = s->next;
     if (!maybe_watched(next))
         return;
     u64 *since = runqueue_since.lookup(&next);
@@ -40,11 +44,12 @@ static __always_inline void runqueue_switch(u32 prev, long prev_state, u32 next)
         hist_add(*service, SIG_RUNQUEUE_WAIT, 0, waited);
 }
 
-#ifndef FAMILY_OFFCPU
+#if !defined(FAMILY_OFFCPU) && SCHED_TASK_PID_OFF >= 0
 /* With the offcpu family, its sched_switch program calls runqueue_switch (bpf/offcpu.bpf.c). */
-int on_sched_switch(struct tracepoint__sched__sched_switch *args)
+int on_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 {
-    runqueue_switch(args->prev_pid, args->prev_state, args->next_pid);
+    struct sched_switch s = sched_switch_of(ctx);
+    runqueue_switch(&s);
     return 0;
 }
 #endif

@@ -1,4 +1,5 @@
 """Run-queue wait per service (bpf/runqueue.bpf.c)."""
+from daemon.collectors.kernel import sched
 from daemon.collectors.kernel.family import Family, Signal
 
 
@@ -6,7 +7,11 @@ class RunQueue(Family):
     name = source = "runqueue"
     signals = (Signal("runqueue_wait", "slotune_runqueue_wait_seconds", None, "histogram",
                       "Time the service's tasks waited runnable for a CPU"),)
-    tracepoints = (("sched:sched_wakeup", "on_sched_wakeup"),
-                   ("sched:sched_wakeup_new", "on_sched_wakeup_new"),
-                   ("sched:sched_switch", "on_sched_switch"))   # shared with offcpu (bpf/offcpu.bpf.c)
+    raw_tracepoints = (("sched:sched_wakeup", "on_sched_wakeup"),
+                       ("sched:sched_wakeup_new", "on_sched_wakeup_new"),
+                       sched.SWITCH)   # shared with offcpu (bpf/offcpu.bpf.c)
     defines = {"FAMILY_RUNQUEUE": 1}
+
+    def __init__(self):
+        self.defines = {**self.defines, **sched.layout()}
+        self.raw_tracepoints = sched.points(*self.raw_tracepoints)
