@@ -91,10 +91,10 @@ def reference_outcome(text: str):
     return outcome(lambda: text_string_to_metric_families(text))
 
 
-def kept(text: str, wanted):
+def kept(text: str, wanted, known=None):
     """What the collector keeps of a body (service_metrics.parse), or its error."""
     try:
-        hists, counters, gauges = service_metrics.parse(text, wanted)
+        hists, counters, gauges = service_metrics.parse(text, wanted, known)
     except ValueError as exc:
         return ("ValueError", str(exc))
     return ({k: (h.bounds_s, h.counts.tolist(), h.total_s) for k, h in hists.items()},
@@ -130,46 +130,89 @@ def test_a_family_not_read_keeps_no_samples_and_the_collector_keeps_the_same():
 
 
 def _kept_by_the_parser(text, wanted):
-    real = service_metrics.families
+    real = service_metrics.families, service_metrics.client_form
     service_metrics.families = lambda text, wanted: text_string_to_metric_families(text)
+    service_metrics.client_form = lambda text: None
     try:
         return kept(text, wanted)
     finally:
-        service_metrics.families = real
+        service_metrics.families, service_metrics.client_form = real
+
+
+def test_client_library_bodies_are_kept_from_their_client_form():
+    """Bodies as client libraries write them take the whole-body reader (client_form),
+    which keeps what the parser's families give, scrape after scrape with what each
+    line means remembered; the other bodies do not."""
+    assert all(exposition.client_form(PLAIN[name]) for name in PLAIN if name != "edges")
+    assert exposition.client_form(PLAIN["edges"]) is None
+    assert not [name for name, text in ODD.items() if exposition.client_form(text)]
+    wanted = reference.PROFILE.wants
+    known = {}
+    for seed in range(3):
+        random.seed(seed)
+        text = client_library_body() + PLAIN["vllm"]
+        assert kept(text, wanted, known) == _kept_by_the_parser(text, wanted) == kept(text, wanted)
+    assert known
+    known = {}     # the same lines in families of another type or name mean something else
+    for text in ("# TYPE a gauge\na 1\n", "# TYPE a counter\na 1\n", "# TYPE a_total counter\na_total 1\n",
+                 "# TYPE x histogram\nx_count 1\n", "# TYPE x_count gauge\nx_count 1\n"):
+        assert kept(text, lambda name: True, known) == _kept_by_the_parser(text, lambda name: True), text
 
 
 EDITS = ['"', "\\", "{", "}", ",", "=", " ", "\t", "#", "_", ":", ".", "e", "+", "-", "Inf", "NaN", "\n",
          "le", "0", "9", "x", "TYPE", "HELP", "_total", "_bucket", "\r", "é"]
 
 
+def edited(rng, text: str) -> str:
+    """A few random edits: a character or token put in, taken out, a line repeated or moved."""
+    for _ in range(rng.randint(1, 3)):
+        i = rng.randrange(len(text))
+        kind = rng.random()
+        if kind < 0.5:
+            text = text[:i] + rng.choice(EDITS) + text[i:]
+        elif kind < 0.8:
+            text = text[:i] + text[i + rng.randint(1, 4):]
+        else:
+            lines = text.split("\n")
+            j = rng.randrange(len(lines))
+            lines.insert(rng.randrange(len(lines)), lines[j])
+            text = "\n".join(lines)
+    return text
+
+
+WANTED = (lambda name: True), (lambda name: not name.startswith(("b", "c", "vllm:e2e")))
+
+
 def test_random_edits_of_a_plain_body_get_the_parsers_outcome():
-    """3000 bodies, each a plain one with a few random edits (a character or token put in,
-    taken out, a line repeated or moved): what the collector keeps, or the error it
-    reports, is what it kept and reported with prometheus_client's parser alone."""
+    """3000 bodies, each a plain one with a few random edits: what the collector keeps,
+    or the error it reports, is what it kept and reported with prometheus_client's
+    parser alone."""
     base = PLAIN["edges"] + PLAIN["vllm"].split("# TYPE vllm:num_requests_running")[0][-600:]
     rng = random.Random(2112)
-    wanted_all, wanted_some = (lambda name: True), (lambda name: not name.startswith(("b", "c")))
     plain = 0
     for _ in range(3000):
-        text = base
-        for _ in range(rng.randint(1, 3)):
-            i = rng.randrange(len(text))
-            kind = rng.random()
-            if kind < 0.5:
-                text = text[:i] + rng.choice(EDITS) + text[i:]
-            elif kind < 0.8:
-                text = text[:i] + text[i + rng.randint(1, 4):]
-            else:
-                lines = text.split("\n")
-                j = rng.randrange(len(lines))
-                lines.insert(rng.randrange(len(lines)), lines[j])
-                text = "\n".join(lines)
+        text = edited(rng, base)
         try:
-            exposition._plain(text, wanted_all)
+            exposition._plain(text, WANTED[0])
             plain += 1
         except exposition._Unusual:
             pass
-        for wanted in (wanted_all, wanted_some):
+        for wanted in WANTED:
             assert kept(text, wanted) == _kept_by_the_parser(text, wanted), repr(text)
         assert outcome(lambda: families(text)) == reference_outcome(text), repr(text)
     assert plain > 500, plain      # the fast path was taken often
+
+
+def test_random_edits_of_a_client_library_body_get_the_parsers_outcome():
+    """The same for 600 edits of a body in client form, what each line means remembered
+    across all of them (one `known` per wanted, as the collector keeps one per service)."""
+    base = PLAIN["prometheus_client"]
+    rng = random.Random(2113)
+    known = ({}, {})
+    whole = 0
+    for _ in range(600):
+        text = edited(rng, base)
+        whole += exposition.client_form(text) is not None
+        for wanted, lines in zip(WANTED, known):
+            assert kept(text, wanted, lines) == _kept_by_the_parser(text, wanted), repr(text)
+    assert whole > 30, whole      # the whole-body reader was taken often

@@ -1,9 +1,14 @@
-"""Reads the Prometheus text format into the families prometheus_client's parser
-yields, fast: the plain lines client libraries write (`# HELP`, `# TYPE`,
-`name{k="v",...} value [timestamp]`) are read with one regular expression each, and
-the samples of a family the caller does not read are checked, not built. Any other
-line sends the whole text to prometheus_client's parser, so the families, and the
-errors, are always that parser's."""
+"""Reads the Prometheus text format as prometheus_client's parser reads it, fast.
+families(): the families that parser yields; the plain lines client libraries
+write (`# HELP`, `# TYPE`, `name{k="v",...} value [timestamp]`) are read with one
+regular expression each, and the samples of a family the caller does not read
+are checked, not built. Any other line sends the whole text to prometheus_client's
+parser, so the families, and the errors, are always that parser's.
+client_form(): a body exactly as client libraries write it (each family a TYPE
+line, after a HELP line of the same name if any, then only its own samples; no
+escapes, no stray whitespace), checked whole by one regular expression, as each
+family's name, type and sample lines, for a reader that takes apart only the
+families it reads; None for any other body."""
 from __future__ import annotations
 
 import re
@@ -14,11 +19,25 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
-LABEL = r'(?!__)[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*"'        # no escapes, no reserved __ names
+LABEL = r'(?!__)[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*"'      # no escapes, no reserved __ names
 NUMBER = r"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|Inf|NaN)"
 HEADER = re.compile(rf"#[ \t]+(HELP|TYPE)[ \t]+({NAME})(?:[ \t]+(\S.*))?")
 SAMPLE = re.compile(rf"({NAME})(?:\{{((?:{LABEL},)*(?:{LABEL})?)\}})? +({NUMBER})(?: +(-?[0-9]+))?")
 LABELS = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\]*)"')
+# client_form(): a family is not named again by the header after it (that would join the
+# two, or retype the first), nor does a label appear twice in a sample (the parser's error).
+_SUFFIXES = {"counter|gauge|untyped|unknown": "", "histogram": "(?:_bucket|_count|_sum)",
+             "summary": "(?:_count|_sum)?"}                  # the sample names each type allows
+CLIENT_FORM = re.compile(
+    rf"(?:(?:#[ \t]+HELP[ \t]+(?P<help>{NAME})(?:[ \t]+\S[^\n]*)?\n(?=#[ \t]+TYPE[ \t]+(?P=help)[ \t]))?"
+    r"#[ \t]+TYPE[ \t]+(?:" + "|".join(
+        rf"(?P<f{i}>{NAME})[ \t]+(?:{types})\n"
+        rf"(?:(?P=f{i}){suffix}(?=[{{ ])(?:\{{(?:{LABEL},)*(?:{LABEL})?\}})? +{NUMBER}(?: +-?[0-9]+)?\n)*"
+        rf"(?!#[ \t]+(?:HELP|TYPE)[ \t]+(?P=f{i})[ \t\n])" for i, (types, suffix) in enumerate(_SUFFIXES.items()))
+    + "))*")
+_LABEL_TWICE = re.compile(rf'\{{(?:{LABEL},)*?([a-zA-Z_][a-zA-Z0-9_]*)="[^"\\\n]*",(?:{LABEL},)*?\1="')
+_FAMILY = re.compile(rf"^#[ \t]+TYPE[ \t]+({NAME})[ \t]+([a-z]+)\n((?:[^#\n][^\n]*\n)*)", re.M)
+SAMPLE_LINE = re.compile(rf"^({NAME})(?:\{{([^\n]*)\}})? +({NUMBER})", re.M)   # of client_form's lines: series, labels, value
 SERIES_OF = {"counter": ("",), "gauge": ("",), "summary": ("_count", "_sum", ""),
              "histogram": ("_count", "_sum", "_bucket")}     # a family's sample names, as the parser allows them
 BUILT = ("counter", "gauge", "histogram")                    # the types whose samples are read
@@ -53,7 +72,23 @@ def families(text: str, wanted: Callable[[str], bool] = lambda name: True) -> It
         return text_string_to_metric_families(text)
 
 
-def _number(text: str) -> int | float:
+def client_form(text: str) -> list[tuple[str, str, str]] | None:
+    """(name, type, sample lines) of each family of a body in the client libraries' form
+    that the parser reads as written (SAMPLE_LINE reads the lines); None for any other body."""
+    if not text.endswith("\n") or not CLIENT_FORM.fullmatch(text) or _LABEL_TWICE.search(text):
+        return None
+    found = _FAMILY.findall(text)
+    if any(typ == "counter" and name == "_total" for name, typ, _ in found):
+        return None     # a counter whose name is only the suffix: the parser's error
+    return found
+
+
+def family_name(name: str, typ: str) -> str:
+    """The name the parser gives the family declared `# TYPE name typ`: a counter's loses _total."""
+    return name[:-6] if typ == "counter" and name.endswith("_total") else name
+
+
+def number(text: str) -> int | float:
     """As the parser reads a NUMBER: an int where int() takes it, else a float."""
     return int(text) if text.lstrip("+-").isdigit() else float(text)
 
@@ -70,11 +105,9 @@ def _labels(text: str | None) -> dict[str, str]:
 
 def _built(name: str, typ: str, samples: list[Sample]) -> Family:
     """The family as the parser closes it: a counter's name loses _total, its samples gain it."""
-    if typ == "counter":
-        if name.endswith("_total"):
-            name = name[:-6]
-        else:
-            samples = [s._replace(name=s.name + "_total") for s in samples]
+    if typ == "counter" and not name.endswith("_total"):
+        samples = [s._replace(name=s.name + "_total") for s in samples]
+    name = family_name(name, typ)
     typ = "unknown" if typ == "untyped" else typ
     if not name or typ not in METRIC_TYPES:
         raise _Unusual
@@ -125,8 +158,8 @@ def _plain(text: str, wanted: Callable[[str], bool]) -> list[Family]:
             continue     # a family of one untyped sample, which no reader reads
         seen += 1
         if built:
-            samples.append(Sample(series, labels, _number(value),
-                                  _number(timestamp) / 1000 if timestamp else None))
+            samples.append(Sample(series, labels, number(value),
+                                  number(timestamp) / 1000 if timestamp else None))
     if name:
         out.append(_built(name, typ, samples))
     return out

@@ -15,7 +15,8 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from daemon.collectors.exposition import families
+from daemon.collectors.exposition import (BUILT, LABELS, SAMPLE_LINE, client_form, families, family_name,
+                                          number, sample_name)
 from daemon.host.http_exchange import TooLarge, exchange
 from daemon.model.sample import Key, Sample
 from daemon.model import labels
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 4 << 20
 MAX_SERIES = 2000          # kept per service, counted as Prometheus does: one per histogram bucket
 NAMES_REMEMBERED = 4096    # per service, whether a family name is one it reads
+KNOWN_LINES = 16384        # per service, what a sample line's name and labels mean
 SCRAPERS = 16              # services read at once
 # stub_status's lines -> the names nginx-prometheus-exporter gives them
 STUB_STATUS = (
@@ -43,33 +45,36 @@ STUB_STATUS = (
 Parsed = tuple[dict[Key, BucketHistogram], dict[Key, float], dict[Key, float]]
 
 
-def parse(text: str, wanted: Callable[[str], bool] = lambda name: True) -> Parsed:
+def parse(text: str, wanted: Callable[[str], bool] = lambda name: True, known: dict | None = None) -> Parsed:
     """Cumulative histograms, counters (monotonic totals) and gauges of the wanted
     families from exposition text; ValueError for one that is malformed. Values that
-    are not finite are left out (a NaN gauge is valid, and useless)."""
+    are not finite are left out (a NaN gauge is valid, and useless). `known` (kept by
+    the caller from one scrape to the next, for one service and one `wanted`) remembers
+    what each sample line's name and labels mean, for a body in the client libraries' form."""
+    fams = client_form(text)
+    if fams is None:
+        read = ((_meaning(f.type, f.name, s.name, s.labels, wanted), s.value) for f in families(text, wanted)
+                for s in f.samples)
+    else:
+        read = _client_form_samples(fams, wanted, {} if known is None else known)
     buckets: dict[Key, list[tuple[float, float]]] = {}
     sums: dict[Key, float] = {}
     counters: dict[Key, float] = {}
     gauges: dict[Key, float] = {}
-    for family in families(text, wanted):
-        for s in family.samples:
-            name = s.name if family.type == "counter" else family.name
-            if not wanted(name):
-                continue
-            key = (name, labels.key(s.labels))
-            if family.type == "histogram":
-                if s.name.endswith("_bucket"):
-                    if "le" not in s.labels:
-                        raise ValueError(f"histogram bucket without le: {s.name}{{{key[1]}}}")
-                    buckets.setdefault(key, []).append((float(s.labels["le"]), s.value))
-                elif s.name.endswith("_sum"):
-                    sums[key] = s.value
-            elif not math.isfinite(s.value):
-                continue
-            elif family.type == "counter" and not s.name.endswith("_created"):
-                counters[key] = s.value     # by its _total name, which the parser gives even to Triton's
-            elif family.type == "gauge":
-                gauges[key] = s.value
+    for meaning, value in read:
+        if meaning is None:
+            continue
+        kind, key, le = meaning
+        if kind == "bucket":
+            buckets.setdefault(key, []).append((le, value))
+        elif kind == "sum":
+            sums[key] = value
+        elif not math.isfinite(value):
+            continue
+        elif kind == "counter":
+            counters[key] = value     # by its _total name, which the parser gives even to Triton's
+        else:
+            gauges[key] = value
     hists = {}
     for key, pairs in buckets.items():
         h = BucketHistogram.from_cumulative(pairs, sums.get(key, 0.0))
@@ -78,6 +83,47 @@ def parse(text: str, wanted: Callable[[str], bool] = lambda name: True) -> Parse
                              "and never go down")
         hists[key] = h
     return hists, counters, gauges
+
+
+Meaning = tuple[str, Key, float] | None     # ("bucket", key, le) | ("sum"|"counter"|"gauge", key, 0.0) | not read
+
+
+def _meaning(typ: str, family: str, series: str, sample_labels: dict[str, str],
+             wanted: Callable[[str], bool]) -> Meaning:
+    """What one sample of a family (as the parser names them) is to parse(); ValueError
+    for a histogram bucket without its bound."""
+    name = series if typ == "counter" else family
+    if not wanted(name):
+        return None
+    key = (name, labels.key(sample_labels))
+    if typ == "histogram":
+        if series.endswith("_bucket"):
+            if "le" not in sample_labels:
+                raise ValueError(f"histogram bucket without le: {series}{{{key[1]}}}")
+            return "bucket", key, float(sample_labels["le"])
+        return ("sum", key, 0.0) if series.endswith("_sum") else None
+    if typ == "counter" and not series.endswith("_created"):
+        return "counter", key, 0.0
+    return ("gauge", key, 0.0) if typ == "gauge" else None
+
+
+def _client_form_samples(fams, wanted: Callable[[str], bool], known: dict):
+    """(meaning, value) of each sample of the wanted families of a body in client form;
+    each line's meaning is worked out once and kept in `known`, which is emptied when it
+    holds more than KNOWN_LINES (a label with ever new values)."""
+    if len(known) > KNOWN_LINES:
+        known.clear()
+    for name, typ, lines in fams:
+        if typ not in BUILT or not wanted(sample_name(typ, name)):
+            continue
+        family = family_name(name, typ)
+        for series, label_text, value in SAMPLE_LINE.findall(lines):
+            line = (typ, name, series, label_text)
+            meaning = known.get(line, known)
+            if meaning is known:
+                meaning = known[line] = _meaning(typ, family, sample_name(typ, series), dict(LABELS.findall(label_text)),
+                                                 wanted)
+            yield meaning, number(value)
 
 
 def parse_stub_status(text: str) -> Parsed:
@@ -92,11 +138,12 @@ def parse_stub_status(text: str) -> Parsed:
     return {}, counters, gauges
 
 
-def read_exposition(text: str, exposition: str, wanted: Callable[[str], bool] = lambda name: True) -> Parsed:
+def read_exposition(text: str, exposition: str, wanted: Callable[[str], bool] = lambda name: True,
+                    known: dict | None = None) -> Parsed:
     """The series of a service's answer, read as its profile says it is written."""
     if exposition == "stub_status":
         return parse_stub_status(text)
-    return parse(text, wanted)
+    return parse(text, wanted, known)
 
 
 def capped(parsed: Parsed, max_series: int) -> tuple[Parsed, int]:
@@ -154,6 +201,7 @@ class ServiceMetricsCollector:
         self.previous: dict[str, tuple[dict, dict]] = {}
         self.wanted: dict[str, Callable[[str], bool]] = {}    # service -> whether it reads a family name
         self.last: dict[str, tuple[bytes, Parsed | ScrapeError]] = {}   # service -> its last body, as read
+        self.known: dict[str, dict] = {}          # service -> what its sample lines mean (parse's `known`)
         self.failing: dict[str, set[str]] = {}    # service -> kinds of failure reported
         self.capped: set[str] = set()             # services reported over MAX_SERIES
         self.pool = ThreadPoolExecutor(SCRAPERS, thread_name_prefix="service-metrics")
@@ -187,6 +235,7 @@ class ServiceMetricsCollector:
         same = {name for name in self.urls if before.get(name) == reading(name)}
         self.previous = {name: p for name, p in self.previous.items() if name in same}
         self.last = {name: last for name, last in self.last.items() if name in same}
+        self.known = {name: known for name, known in self.known.items() if name in same}
 
     def read(self, service: str, url: str) -> Parsed | ScrapeError:
         """The service's wanted series, or what was wrong (returned, so one bad service
@@ -212,7 +261,8 @@ class ServiceMetricsCollector:
         except UnicodeDecodeError as exc:
             return ScrapeError("is not UTF-8", str(exc))
         try:
-            return read_exposition(text, self.profile[service].exposition, self.wanted[service])
+            return read_exposition(text, self.profile[service].exposition, self.wanted[service],
+                                   self.known.setdefault(service, {}))
         except ValueError as exc:
             return ScrapeError("does not parse", " ".join(str(exc).split())[:200])
 
