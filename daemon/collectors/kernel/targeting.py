@@ -88,10 +88,11 @@ def process_uids(pid: int) -> tuple[int, int] | None:
     return None
 
 
-def stat_identity(pid: int) -> tuple[str, int] | None:
+def stat_identity(pid: int) -> tuple[bytes, int] | None:
     """(comm, start time) of a process: changes when the pid is reused or exec's. Read
-    with bare os calls: it runs for every process of the host on every scan, and a
-    Python file object costs as much again as the read (0.9 vs 1.9 ms per 110 processes)."""
+    with bare os calls, the name left in bytes and the fields after the start time not
+    split: it runs for every process of the host on every scan, and a Python file
+    object costs as much again as the read (0.9 vs 1.9 ms per 110 processes)."""
     try:
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
     except OSError:
@@ -103,9 +104,7 @@ def stat_identity(pid: int) -> tuple[str, int] | None:
     finally:
         os.close(fd)
     close = raw.rfind(b")")
-    comm = raw[raw.find(b"(") + 1:close].decode(errors="replace")
-    fields = raw[close + 2:].split()
-    return comm, int(fields[19])
+    return raw[raw.find(b"(") + 1:close], int(raw[close + 2:].split(None, 20)[19])
 
 
 def uptime_s() -> float:
@@ -286,7 +285,7 @@ class Targeting:
         self.patterns = {name: pattern for name, (pattern, _) in checked.items()}
         self.uids = {name: uid for name, (_, uid) in checked.items()}
         self.services = list(services)
-        self.seen: dict[int, tuple[tuple[str, int], frozenset[str]]] = {}
+        self.seen: dict[int, tuple[tuple[bytes, int], frozenset[str]]] = {}
         self.listen_inodes: frozenset[int] | None = None   # listening sockets at the last scan
         self.port_inodes: frozenset[int] | None = None     # listening on the declared ports, at the last read
         self.listeners: dict[int, set[int]] = {}            # declared port -> pids, while they stay the same
