@@ -190,7 +190,8 @@ class _Stats:
 # What attribution works out of a window is kept in its Window.derived (a Window never
 # changes once built): (id of a span's last window, windows, source) -> that span's _Stats,
 # where the window is the span's first (windows leave the history oldest first, so its last
-# lives as long); ("timed", source) -> requests timed; "ended" -> when it ended and its P99.
+# lives as long); ("timed", source) -> requests timed; "ended" -> when it ended and its P99;
+# ("jitter rows", source) -> the _JitterRows of the horizon it was the newest window of.
 
 
 def _timed(w: Window, source: str) -> int:
