@@ -8,9 +8,11 @@ syscall-latency histogram for the server's pid. Each traced run is compared
 with the mean of the untraced runs on either side of it; the figures are
 medians over the rounds with their range, the server's CPU per request, and
 (--bpf-stats) the kernel's own run time of each slotune program per request.
+--sched-pipe adds a context-switch-heavy process slotune does not watch
+(`perf bench sched pipe`), beside bpftrace's runqlat.
 
     python -m bench.server_overhead [--rounds 5] [--seconds 5] [--handler static|sleep|both]
-                                    [--gateway] [--bpf-stats] [--compare TREE]"""
+                                    [--gateway] [--sched-pipe] [--bpf-stats] [--compare TREE]"""
 from __future__ import annotations
 
 import argparse
@@ -62,6 +64,12 @@ PATHS = {"static": "/static.html", "sleep": "/sleep"}
 BPFTRACE = ("tracepoint:raw_syscalls:sys_enter /pid == {pid}/ {{ @start[tid] = nsecs; }} "
             "tracepoint:raw_syscalls:sys_exit /pid == {pid} && @start[tid]/ "
             "{{ @ns = hist(nsecs - @start[tid]); delete(@start[tid]); }}")
+# runqlat as bpftrace's own tools/runqlat.bt does it: wake-up or preemption to running.
+RUNQLAT = ("tracepoint:sched:sched_wakeup,tracepoint:sched:sched_wakeup_new {{ @qtime[args->pid] = nsecs; }} "
+           "tracepoint:sched:sched_switch {{ if (args->prev_state == 0) {{ @qtime[args->prev_pid] = nsecs; }} "
+           "$ns = @qtime[args->next_pid]; if ($ns) {{ @usecs = hist((nsecs - $ns) / 1000); }} "
+           "delete(@qtime[args->next_pid]); }}")
+PIPE_LOOPS = 100_000    # perf bench sched pipe round trips a run (~1.5 s here)
 
 
 def free_port() -> int:
@@ -206,10 +214,10 @@ class OtherTree(Tracer):
     """All families watching the server, as the slotune checked out in another folder
     (an earlier commit: `git worktree add /tmp/before <commit>`) has them, in a process of its own."""
 
-    def __init__(self, tree: Path):
+    def __init__(self, tree: Path, watching: str = "watching nginx"):
         commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
                                 capture_output=True, text=True).stdout.strip()
-        self.tree, self.name = tree, f"slotune at {commit or tree}, all families, watching nginx"
+        self.tree, self.name = tree, f"slotune at {commit or tree}, all families, {watching}"
 
     def start(self, target):
         self.proc = subprocess.Popen([sys.executable, "-c", HOLD, str(target.port)], cwd=self.tree,
@@ -223,10 +231,13 @@ class OtherTree(Tracer):
 
 
 class Bpftrace(Tracer):
-    name = "bpftrace syscall-latency histogram, server pid"
+    """A bpftrace script, {pid} the server's: the syscall histogram unless told another."""
+
+    def __init__(self, name: str = "bpftrace syscall-latency histogram, server pid", script: str = BPFTRACE):
+        self.name, self.script = name, script
 
     def start(self, target):
-        self.proc = subprocess.Popen(["bpftrace", "-e", BPFTRACE.format(pid=target.pid)],
+        self.proc = subprocess.Popen(["bpftrace", "-e", self.script.format(pid=target.pid)],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in self.proc.stdout:          # "Attaching 2 probes..." once it is in
             if line.startswith("Attaching"):
@@ -288,11 +299,11 @@ def alternate(target: Target, tracers: list[Tracer], rounds: int) -> dict[str, l
     return out
 
 
-def report(title: str, results: dict, seconds: float) -> list[str]:
-    """The table of one server: ratios, rates and CPU per request, then the BPF run time
-    per program of the variants that read it (divided by the requests of `seconds`)."""
-    lines = [f"\n{title}", f"{'variant':<52} {'req/s vs untraced':>18} {'[min-max]':>13} "
-                           f"{'req/s':>8} {'CPU µs/req':>11} {'kept by CPU/req':>16} {'[min-max]':>13}"]
+def report(title: str, results: dict, seconds: float, unit: str = "req") -> list[str]:
+    """The table of one server: ratios, rates and CPU per request (or per `unit`), then
+    the BPF run time per program of the variants that read it (divided by the requests of `seconds`)."""
+    lines = [f"\n{title}", f"{'variant':<52} {f'{unit}/s vs untraced':>18} {'[min-max]':>13} "
+                           f"{f'{unit}/s':>8} {f'CPU µs/{unit}':>11} {f'kept by CPU/{unit}':>16} {'[min-max]':>13}"]
     base_rps = [b.rps for runs in results.values() for triple in runs for b in (triple[0], triple[2])]
     base_cpu = [b.cpu_us for runs in results.values() for triple in runs for b in (triple[0], triple[2])]
     lines.append(f"{'no tracing':<52} {'1.00':>18} {'':>13} {statistics.median(base_rps):>8.0f} "
@@ -391,13 +402,45 @@ def gateway_rounds(args, work: Path) -> list[str]:
         launcher.stop(cfg.run_dir)
 
 
+def pipe_rounds(args, work: Path) -> list[str]:
+    """The context-switch-heavy load: `perf bench sched pipe`, both its processes on CPU 0,
+    a process slotune does not watch (the cost to the host's other tenants)."""
+    import resource
+
+    def measure():
+        c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        out = subprocess.run(["taskset", "-c", "0", "perf", "bench", "sched", "pipe", "-l", str(PIPE_LOOPS)],
+                             capture_output=True, text=True, check=True).stdout
+        c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        m = re.search(r"([\d.]+) ops/sec", out)
+        if not m:
+            raise RuntimeError(f"perf bench printed no rate:\n{out}")
+        cpu = (c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime)
+        return float(m.group(1)), 1e6 * cpu / PIPE_LOOPS
+
+    tracers = [Slotune("slotune, all families, watching nothing", None, False, False),
+               Slotune("slotune, runqueue only, watching nothing", ["runqueue"], False, False),
+               Bpftrace("bpftrace runqlat-style", RUNQLAT)]
+    tracers += [OtherTree(tree, "watching nothing") for tree in args.compare]
+    port = free_port()                      # nothing listens there: the other trees watch nothing
+    try:
+        results = alternate(Target(ServiceSpec("nothing", port=port), 0, port, measure), tracers, args.rounds)
+    finally:
+        for t in tracers:
+            t.close()
+    return report(f"perf bench sched pipe -l {PIPE_LOOPS}, both processes on CPU 0, {args.rounds} rounds; "
+                  f"CPU µs/op is both processes'", results, 0, unit="op")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.server_overhead", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--seconds", type=float, default=5.0, help="length of one measured run")
+    ap.add_argument("--seconds", type=int, default=5, help="length of one measured run (whole seconds: wrk's -d)")
     ap.add_argument("--handler", choices=("static", "sleep", "both"), default="static")
     ap.add_argument("--gateway", action="store_true", help="also the reference gateway")
-    ap.add_argument("--no-nginx", dest="nginx", action="store_false", help="only the gateway")
+    ap.add_argument("--no-nginx", dest="nginx", action="store_false", help="no nginx rounds")
+    ap.add_argument("--sched-pipe", action="store_true",
+                    help="also a context-switch-heavy process slotune does not watch (perf bench sched pipe)")
     ap.add_argument("--no-pin", dest="pin", action="store_false", help="leave nginx and wrk unpinned")
     ap.add_argument("--compare", type=Path, action="append", default=[], metavar="TREE",
                     help="also all families as the slotune checked out in TREE has them (e.g. a worktree "
@@ -407,7 +450,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("run as root: loading BPF programs needs CAP_BPF+CAP_PERFMON")
-    for tool in ("nginx", "wrk", "bpftrace", "bpftool"):
+    for tool in ("nginx", "wrk", "bpftrace", "bpftool", *(["perf"] if args.sched_pipe else [])):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is not installed (the project's setup installs it)")
     stats_was = Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip()
@@ -421,6 +464,8 @@ def main(argv=None) -> int:
                 lines += nginx_rounds(args, Path(tmp))
             if args.gateway:
                 lines += gateway_rounds(args, Path(tmp))
+            if args.sched_pipe:
+                lines += pipe_rounds(args, Path(tmp))
     finally:
         Path("/proc/sys/kernel/bpf_stats_enabled").write_text(stats_was)
     print(f"server overhead, {started}, {os.cpu_count()} CPUs, load average at the end "
