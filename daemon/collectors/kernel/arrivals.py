@@ -14,17 +14,21 @@ import select
 import threading
 from typing import Callable
 
-from bcc.libbcc import lib
-
 from daemon.collectors.kernel.family import Attachment
 
 log = logging.getLogger(__name__)
 
 TRACEPOINTS = (("syscalls:sys_exit_execve", "on_execve_exit"),
                ("syscalls:sys_exit_execveat", "on_execveat_exit"))
-# libbpf's, inside libbcc (BCC's Python has no call for it): the fd a poll on the ring buffers waits on
-lib.ring_buffer__epoll_fd.restype = ctypes.c_int
-lib.ring_buffer__epoll_fd.argtypes = [ctypes.c_void_p]
+
+
+def ring_buffer_fd(bpf) -> int:
+    """The fd a poll on bpf's ring buffers waits on: libbpf's, inside libbcc (BCC's Python has
+    no call for it; imported here, as the daemon's modules import without BCC)."""
+    from bcc.libbcc import lib
+    lib.ring_buffer__epoll_fd.restype = ctypes.c_int
+    lib.ring_buffer__epoll_fd.argtypes = [ctypes.c_void_p]
+    return lib.ring_buffer__epoll_fd(bpf._ringbuf_manager)
 
 
 class Arrivals:
@@ -54,7 +58,7 @@ class Arrivals:
 
     def _run(self) -> None:
         waits = select.poll()
-        waits.register(lib.ring_buffer__epoll_fd(self.program.bpf._ringbuf_manager), select.POLLIN)
+        waits.register(ring_buffer_fd(self.program.bpf), select.POLLIN)
         waits.register(self.wake_read, select.POLLIN)
         while all(fd != self.wake_read for fd, _ in waits.poll()):
             self.program.bpf.ring_buffer_consume()
