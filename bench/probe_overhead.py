@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from daemon.collectors.kernel import FAMILIES, KernelCollector
+from daemon.collectors.kernel.arrivals import TRACEPOINTS as EXEC_TRACEPOINTS
 from daemon.collectors.kernel.family import Attachment
 from daemon.collectors.kernel.program import HINT_SLOTS, TARGETING_TRACEPOINTS, Program, raw_name
 from daemon.model.service import ServiceSpec
@@ -74,16 +75,39 @@ def build_loop(folder: Path) -> Path:
     return exe
 
 
+class EmptyPrograms:
+    """Empty programs on these attach points, raw where the point is raw: what
+    attaching there costs before any program does any work."""
+
+    def __init__(self, points: list[Attachment]):
+        from bcc import BPF
+        self.points, self.bpf = points, BPF(text=EMPTY.encode())
+
+    def attach(self):
+        for a in self.points:
+            if a.kind == "raw_tracepoint":
+                self.bpf.attach_raw_tracepoint(tp=raw_name(a.target), fn_name=a.fn)
+            else:
+                self.bpf.attach_tracepoint(tp=a.target, fn_name=a.fn)
+
+    def detach(self):
+        for a in self.points:
+            if a.kind == "raw_tracepoint":
+                self.bpf.detach_raw_tracepoint(tp=raw_name(a.target))
+            else:
+                self.bpf.detach_tracepoint(a.target)
+
+
 class Variant:
     """A set of programs that can be attached and detached between rounds."""
 
     def __init__(self, name: str, families: list[str] | None = None, empty_on: list[Attachment] | None = None,
                  watch_loop: bool = False):
-        from bcc import BPF
         self.name, self.watch_loop = name, watch_loop
-        self.program, self.points = None, empty_on or []
+        self.program = self.empty = None
         if empty_on is not None:
-            self.bpf = BPF(text=EMPTY.encode())
+            self.empty = EmptyPrograms(empty_on)
+            self.bpf = self.empty.bpf
         elif families is not None:
             self.program = Program([FAMILIES[f]() for f in families])
             self.bpf = self.program.bpf
@@ -93,20 +117,14 @@ class Variant:
     def attach(self):
         if self.program:
             self.program.attach_tracepoints()
-        for a in self.points:
-            if a.kind == "raw_tracepoint":
-                self.bpf.attach_raw_tracepoint(tp=raw_name(a.target), fn_name=a.fn)
-            else:
-                self.bpf.attach_tracepoint(tp=a.target, fn_name=a.fn)
+        if self.empty:
+            self.empty.attach()
 
     def detach(self):
         if self.program:
             self.program.detach_all()
-        for a in self.points:
-            if a.kind == "raw_tracepoint":
-                self.bpf.detach_raw_tracepoint(tp=raw_name(a.target))
-            else:
-                self.bpf.detach_tracepoint(a.target)
+        if self.empty:
+            self.empty.detach()
 
 
 def empty(tracepoint: str, kind: str = "tracepoint") -> Attachment:
@@ -115,7 +133,7 @@ def empty(tracepoint: str, kind: str = "tracepoint") -> Attachment:
 
 def all_attach_points() -> list[Attachment]:
     """Every point the families attach to, each once, as an empty program would."""
-    points = [empty(tp) for tp, _ in TARGETING_TRACEPOINTS]
+    points = [empty(tp) for tp, _ in (*TARGETING_TRACEPOINTS, *EXEC_TRACEPOINTS)]
     for f in FAMILIES.values():
         points += [empty(tp) for tp, _ in f.tracepoints] + [empty(tp, "raw_tracepoint") for tp, _ in f.raw_tracepoints]
     return list(dict.fromkeys(points))

@@ -9,10 +9,11 @@ with the mean of the untraced runs on either side of it; the figures are
 medians over the rounds with their range, the server's CPU per request, and
 (--bpf-stats) the kernel's own run time of each slotune program per request.
 --sched-pipe adds a context-switch-heavy process slotune does not watch
-(`perf bench sched pipe`), beside bpftrace's runqlat.
+(`perf bench sched pipe`), beside bpftrace's runqlat; --empty adds empty
+programs on slotune's attach points, what attaching there costs alone.
 
     python -m bench.server_overhead [--rounds 5] [--seconds 5] [--handler static|sleep|both]
-                                    [--gateway] [--sched-pipe] [--bpf-stats] [--compare TREE]"""
+                                    [--gateway] [--sched-pipe] [--empty] [--bpf-stats] [--compare TREE]"""
 from __future__ import annotations
 
 import argparse
@@ -32,6 +33,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.probe_overhead import EmptyPrograms, all_attach_points, empty
 from daemon.collectors.kernel import KernelCollector
 from daemon.model.service import ServiceSpec
 
@@ -69,6 +71,10 @@ RUNQLAT = ("tracepoint:sched:sched_wakeup,tracepoint:sched:sched_wakeup_new {{ @
            "tracepoint:sched:sched_switch {{ if (args->prev_state == 0) {{ @qtime[args->prev_pid] = nsecs; }} "
            "$ns = @qtime[args->next_pid]; if ($ns) {{ @usecs = hist((nsecs - $ns) / 1000); }} "
            "delete(@qtime[args->next_pid]); }}")
+# The socket layer's own tracepoints (every socket send and receive, in the caller's
+# syscall; Linux >= 6.4): where http and tls could attach instead of syscall exits.
+SOCKET_POINTS = ("sock:sock_send_length", "sock:sock_recv_length")
+SOCKET_LAYER = "/sys/kernel/tracing/events/sock/sock_send_length"
 PIPE_LOOPS = 100_000    # perf bench sched pipe round trips a run (~1.5 s here)
 
 
@@ -193,6 +199,7 @@ class Slotune(Tracer):
 
 
 HOLD = """import sys, threading
+from bench.probe_overhead import EmptyPrograms, all_attach_points, empty
 from daemon.collectors.kernel import KernelCollector
 from daemon.model.service import ServiceSpec
 c = KernelCollector(None)
@@ -251,6 +258,25 @@ class Bpftrace(Tracer):
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.communicate()
+
+
+class Empty(Tracer):
+    """Empty programs on some of slotune's attach points, attached as slotune attaches them."""
+
+    def __init__(self, name: str, points: list):
+        self.name, self.points, self.programs = name, points, None
+
+    def start(self, target):
+        if self.programs is None:
+            self.programs = EmptyPrograms(self.points)
+        self.programs.attach()
+
+    def stop(self):
+        self.programs.detach()
+
+    def close(self):
+        if self.programs is not None:
+            self.programs.bpf.cleanup()
 
 
 def program_stats(collector) -> dict[str, tuple[int, int]]:
@@ -358,6 +384,13 @@ def nginx_rounds(args, work: Path) -> list[str]:
                        Slotune("slotune, all families, watching nothing", None, False, args.bpf_stats),
                        Bpftrace()]
             tracers += [OtherTree(tree) for tree in args.compare]
+            if args.empty:
+                syscalls = [a for a in all_attach_points() if a.target.startswith("syscalls:")]
+                tracers += [Empty(f"empty programs on slotune's {len(syscalls)} syscall points", syscalls),
+                            Empty("empty programs on all of slotune's attach points", all_attach_points())]
+                if Path(SOCKET_LAYER).exists():    # Linux >= 6.4
+                    tracers.append(Empty("empty raw on sock_send_length, sock_recv_length",
+                                         [empty(tp, "raw_tracepoint") for tp in SOCKET_POINTS]))
             try:
                 results = alternate(Target(spec, nginx.worker, nginx.port, measure), tracers, args.rounds)
             finally:
@@ -422,6 +455,10 @@ def pipe_rounds(args, work: Path) -> list[str]:
                Slotune("slotune, runqueue only, watching nothing", ["runqueue"], False, False),
                Bpftrace("bpftrace runqlat-style", RUNQLAT)]
     tracers += [OtherTree(tree, "watching nothing") for tree in args.compare]
+    if args.empty:
+        points = ("sched:sched_switch", "sched:sched_wakeup", "sched:sched_wakeup_new")
+        tracers += [Empty("empty programs on the scheduler's points", [empty(tp) for tp in points]),
+                    Empty("the same, attached raw", [empty(tp, "raw_tracepoint") for tp in points])]
     port = free_port()                      # nothing listens there: the other trees watch nothing
     try:
         results = alternate(Target(ServiceSpec("nothing", port=port), 0, port, measure), tracers, args.rounds)
@@ -445,6 +482,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compare", type=Path, action="append", default=[], metavar="TREE",
                     help="also all families as the slotune checked out in TREE has them (e.g. a worktree "
                          "of an earlier commit); nginx only")
+    ap.add_argument("--empty", action="store_true",
+                    help="also empty programs on slotune's attach points: what attaching there costs alone")
     ap.add_argument("--bpf-stats", action="store_true",
                     help="kernel per-program run time (sysctl kernel.bpf_stats_enabled=1 while it runs)")
     args = ap.parse_args(argv)
