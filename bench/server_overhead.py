@@ -199,7 +199,6 @@ class Slotune(Tracer):
 
 
 HOLD = """import sys, threading
-from bench.probe_overhead import EmptyPrograms, all_attach_points, empty
 from daemon.collectors.kernel import KernelCollector
 from daemon.model.service import ServiceSpec
 c = KernelCollector(None)
