@@ -54,5 +54,8 @@ else:
             time.sleep(0.005)                      # until everything sent is acknowledged
         stop.set()
         sampler.join()
+        conn.shutdown(socket.SHUT_WR)              # our FIN, then the sink's: the connection has
+        while conn.recv(4096):                     # closed (TIME_WAIT) before the samples are printed,
+            pass                                   # so its close is in the interval the test reads
         conn.close()
         print(json.dumps(samples), flush=True)
