@@ -21,7 +21,8 @@ from pathlib import Path
 from daemon.collectors.kernel import FAMILIES, KernelCollector
 from daemon.collectors.kernel.arrivals import TRACEPOINTS as EXEC_TRACEPOINTS
 from daemon.collectors.kernel.family import Attachment
-from daemon.collectors.kernel.program import HINT_SLOTS, TARGETING_TRACEPOINTS, Program, raw_name
+from daemon.collectors.kernel.program import (HINT_SLOTS, TARGETING_TRACEPOINTS, Program, attach_tracepoint,
+                                              detach_tracepoint)
 from daemon.model.service import ServiceSpec
 
 LOOP_C = r"""
@@ -85,17 +86,11 @@ class EmptyPrograms:
 
     def attach(self):
         for a in self.points:
-            if a.kind == "raw_tracepoint":
-                self.bpf.attach_raw_tracepoint(tp=raw_name(a.target), fn_name=a.fn)
-            else:
-                self.bpf.attach_tracepoint(tp=a.target, fn_name=a.fn)
+            attach_tracepoint(self.bpf, a)
 
     def detach(self):
         for a in self.points:
-            if a.kind == "raw_tracepoint":
-                self.bpf.detach_raw_tracepoint(tp=raw_name(a.target))
-            else:
-                self.bpf.detach_tracepoint(a.target)
+            detach_tracepoint(self.bpf, a)
 
 
 class Variant:

@@ -70,6 +70,21 @@ def raw_name(tracepoint: str) -> str:
     return tracepoint.split(":", 1)[-1]
 
 
+def attach_tracepoint(bpf, a: Attachment) -> None:
+    """Attach a tracepoint Attachment to a BCC object, through its record or raw."""
+    if a.kind == "raw_tracepoint":
+        bpf.attach_raw_tracepoint(tp=raw_name(a.target), fn_name=a.fn)
+    else:
+        bpf.attach_tracepoint(tp=a.target, fn_name=a.fn)
+
+
+def detach_tracepoint(bpf, a: Attachment) -> None:
+    if a.kind == "raw_tracepoint":
+        bpf.detach_raw_tracepoint(tp=raw_name(a.target))
+    else:
+        bpf.detach_tracepoint(a.target)
+
+
 def program_text(families: list[Family], entries: dict[str, int] | None = None) -> str:
     """The exact C text BCC compiles for these families, with these map sizes
     (name -> entries; a map not named keeps its MAP_ENTRIES default)."""
@@ -112,10 +127,8 @@ class Program:
             return True
         self.attachments[a.probe] = a
         try:
-            if a.kind == "tracepoint":
-                self.bpf.attach_tracepoint(tp=a.target, fn_name=a.fn)
-            elif a.kind == "raw_tracepoint":
-                self.bpf.attach_raw_tracepoint(tp=raw_name(a.target), fn_name=a.fn)
+            if a.kind in ("tracepoint", "raw_tracepoint"):
+                attach_tracepoint(self.bpf, a)
             elif a.kind == "uprobe":
                 self.bpf.attach_uprobe(name=a.target, sym=a.symbol, fn_name=a.fn)
             else:
@@ -136,10 +149,8 @@ class Program:
             if not on:
                 continue
             a = self.attachments[probe]
-            if a.kind == "tracepoint":
-                self.bpf.detach_tracepoint(a.target)
-            elif a.kind == "raw_tracepoint":
-                self.bpf.detach_raw_tracepoint(tp=raw_name(a.target))
+            if a.kind in ("tracepoint", "raw_tracepoint"):
+                detach_tracepoint(self.bpf, a)
             elif a.kind == "uprobe":
                 self.bpf.detach_uprobe(name=a.target, sym=a.symbol)
             else:
