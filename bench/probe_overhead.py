@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from daemon.collectors.kernel import FAMILIES, KernelCollector
-from daemon.collectors.kernel.arrivals import TRACEPOINTS as EXEC_TRACEPOINTS
+from daemon.collectors.kernel.arrivals import EXEC
 from daemon.collectors.kernel.family import Attachment
 from daemon.collectors.kernel.program import (HINT_SLOTS, TARGETING_TRACEPOINTS, Program, attach_tracepoint,
                                               detach_tracepoint)
@@ -128,7 +128,7 @@ def empty(tracepoint: str, kind: str = "tracepoint") -> Attachment:
 
 def all_attach_points() -> list[Attachment]:
     """Every point the families attach to, each once, as an empty program would."""
-    points = [empty(tp) for tp, _ in (*TARGETING_TRACEPOINTS, *EXEC_TRACEPOINTS)]
+    points = [empty(tp) for tp, _ in TARGETING_TRACEPOINTS] + [empty(EXEC[0], "raw_tracepoint")]
     for f in FAMILIES.values():
         points += [empty(tp) for tp, _ in f.tracepoints] + [empty(tp, "raw_tracepoint") for tp, _ in f.raw_tracepoints]
     return list(dict.fromkeys(points))

@@ -29,18 +29,24 @@ int on_process_exit(struct tracepoint__sched__sched_process_exit *args)
 }
 
 /* Process ids of programs just exec'd by unwatched tasks (a full buffer drops them:
- * the next rescan finds those). syscalls:sys_exit_execve{,at} rather than
- * sched:sched_process_exec, which is the exec family's: one program per tracepoint. */
+ * the next rescan finds those), from sched:sched_process_exec attached raw
+ * (args: the task, its id before the exec, the binprm), which fires once the new
+ * program is in place: no program runs on any syscall. The exec family counts
+ * the execs of watched tasks in the same program. */
 BPF_RINGBUF_OUTPUT(execs, 8);
 
-static __always_inline int exec_done(long ret)
+#ifdef FAMILY_EXEC
+static __always_inline void exec_count(u32 old_pid);   /* bpf/exec.bpf.c */
+#endif
+
+int on_process_exec(struct bpf_raw_tracepoint_args *ctx)
 {
-    if (ret != 0 || service_of_task(current_tid()))
-        return 0;                  /* failed, or already its service's since its fork */
+#ifdef FAMILY_EXEC
+    exec_count((u32)ctx->args[1]);
+#endif
+    if (service_of_task(current_tid()))
+        return 0;                  /* already its service's since its fork */
     u32 pid = current_tgid();
     execs.ringbuf_output(&pid, sizeof(pid), 0);
     return 0;
 }
-
-int on_execve_exit(struct tracepoint__syscalls__sys_exit_execve *args)     { return exec_done(args->ret); }
-int on_execveat_exit(struct tracepoint__syscalls__sys_exit_execveat *args) { return exec_done(args->ret); }

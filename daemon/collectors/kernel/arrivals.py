@@ -18,8 +18,9 @@ from daemon.collectors.kernel.family import Attachment
 
 log = logging.getLogger(__name__)
 
-TRACEPOINTS = (("syscalls:sys_exit_execve", "on_execve_exit"),
-               ("syscalls:sys_exit_execveat", "on_execveat_exit"))
+# Raw: no trace record, and no program on any syscall. The exec family counts a
+# watched task's execs in the same program (bpf/targeting.bpf.c).
+EXEC = ("sched:sched_process_exec", "on_process_exec")
 
 
 def ring_buffer_fd(bpf) -> int:
@@ -38,8 +39,7 @@ class Arrivals:
         self.program = program
         self.adopt = adopt
         self.failed = False
-        for tp, fn in TRACEPOINTS:
-            program.attach(Attachment("tracepoint", tp, fn))
+        program.attach(Attachment("raw_tracepoint", *EXEC))
         program.table("execs").open_ring_buffer(self._event)
         self.wake_read, self.wake_write = os.pipe()     # stop() writes here
         self.thread = threading.Thread(target=self._run, name="slotune-arrivals", daemon=True)

@@ -1,5 +1,6 @@
 """Programs started per service (bpf/exec.bpf.c): a service that forks and execs
 a helper per request pays a process start each time, a latency smell worth a counter."""
+from daemon.collectors.kernel.arrivals import EXEC
 from daemon.collectors.kernel.family import Family, Signal
 
 
@@ -7,4 +8,5 @@ class Exec(Family):
     name = source = "exec"
     signals = (Signal("process_execs", "slotune_process_execs_total", None, "counter",
                       "Programs the service's processes started (successful execve)"),)
-    tracepoints = (("sched:sched_process_exec", "on_process_exec"),)
+    raw_tracepoints = (EXEC,)   # the program that also sends new processes to arrivals.py
+    defines = {"FAMILY_EXEC": 1}
