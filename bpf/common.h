@@ -84,31 +84,18 @@ static __always_inline struct pt_regs *current_regs(void)
     return (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
 }
 
-/* A syscall's first four arguments, read at its exit: the syscall ABI hands the
- * argument registers back as the caller passed them (x86-64 di, si, dx, r10;
- * arm64 orig_x0, as x0 holds the return value by then, and x1..x3). So a program
- * on a syscall's exit alone knows what the call was given: no program on its
- * entry and no per-task map between the two. */
-struct call_args {
-    u64 arg[4];
-};
-
-static __always_inline struct call_args current_call_args(void)
+/* The syscall the current task is in, or -1 when it is not in one, from its saved
+ * user registers (the arch's syscall ABI, the frame ptrace shows): x86-64 orig_ax
+ * with ax still -ENOSYS while the syscall runs, arm64 syscallno (-1 outside one). */
+static __always_inline long current_syscall(struct pt_regs *regs)
 {
-    struct pt_regs *regs = current_regs();
-    struct call_args a = {};
 #if defined(__x86_64__)
-    a.arg[0] = regs->di;
-    a.arg[1] = regs->si;
-    a.arg[2] = regs->dx;
-    a.arg[3] = regs->r10;
+    return regs->ax == -38 ? (long)regs->orig_ax : -1;   /* ax is -ENOSYS until it returns */
 #elif defined(__aarch64__)
-    a.arg[0] = regs->orig_x0;
-    a.arg[1] = regs->regs[1];
-    a.arg[2] = regs->regs[2];
-    a.arg[3] = regs->regs[3];
+    return (int)regs->syscallno;
+#else
+    return -1;
 #endif
-    return a;
 }
 
 static __always_inline u32 current_tid(void)
@@ -153,25 +140,112 @@ static __always_inline struct sched_switch sched_switch_of(struct bpf_raw_tracep
 }
 #endif
 
-/* The first iovec of a sendmsg/recvmsg struct user_msghdr at `msg` (msg_iov at
- * 16, msg_iovlen at 24): iov[0] its array, iov[1] how many it holds. */
-static __always_inline void msghdr_iov(u64 msg, u64 iov[2])
+/* A read or a write on a socket as the socket layer sees it (the http and tls
+ * families: sock:sock_recv_length and sock:sock_send_length, attached raw, whose
+ * arguments are sk, ret, flags), inside the syscall that made it, whose arguments
+ * in the task's saved registers say where the user's bytes are. Only sockets of
+ * watched tasks get this far; which socket is TCP is read at SOCK_PROTOCOL_OFF,
+ * struct sock's sk_protocol in the running kernel's BTF (sockets.py). */
+#ifdef SOCK_PROTOCOL_OFF
+#define SOCK_BUF 0           /* read, write, recvfrom, sendto: buf, len (the bytes moved) */
+#define SOCK_IOV 1           /* readv, writev, recvmsg, sendmsg: an iovec array, its count */
+#define SOCK_NONE 2          /* sendfile, splice, io_uring, the kernel's own: no user buffer */
+#define SOCK_MSG_PEEK 2      /* recv flag: the bytes stay queued for the next read */
+#define SOCK_MAX_IOV 1024    /* UIO_MAXIOV */
+#define SOCK_IPPROTO_TCP 6
+
+struct sock_io {
+    u64 sk;              /* the socket: the key its connection is kept under */
+    long ret;            /* bytes moved, 0 at end of file, or -errno */
+    u32 flags;           /* recv flags */
+    u32 how;             /* SOCK_* */
+    u64 buf;             /* the buffer, or the iovec array */
+    u64 len;             /* its length, or the iovec count */
+};
+
+static __always_inline struct sock_io sock_io_of(struct bpf_raw_tracepoint_args *ctx)
 {
-    bpf_probe_read_user(iov, 2 * sizeof(u64), (void *)(msg + 16));
+    struct sock_io io = {.sk = ctx->args[0], .ret = (int)ctx->args[1], .flags = (u32)ctx->args[2],
+                         .how = SOCK_NONE};
+    struct pt_regs *regs = current_regs();
+#if defined(__x86_64__)
+    u64 buf = regs->si, len = regs->dx;
+#elif defined(__aarch64__)
+    u64 buf = regs->regs[1], len = regs->regs[2];
+#else
+    u64 buf = 0, len = 0;
+#endif
+    switch (current_syscall(regs)) {
+#if defined(__x86_64__)
+    case 0: case 1: case 44: case 45:          /* read write sendto recvfrom */
+#elif defined(__aarch64__)
+    case 63: case 64: case 206: case 207:
+#endif
+        io.how = SOCK_BUF;
+        io.buf = buf;
+        io.len = io.ret > 0 ? io.ret : 0;
+        break;
+#if defined(__x86_64__)
+    case 46: case 47:                          /* sendmsg recvmsg: msg_iov at 16, msg_iovlen at 24 */
+#elif defined(__aarch64__)
+    case 211: case 212:
+#endif
+    {
+        u64 iov[2] = {};
+        bpf_probe_read_user(iov, sizeof(iov), (void *)(buf + 16));
+        buf = iov[0];
+        len = iov[1];
+    }
+        /* fall through */
+#if defined(__x86_64__)
+    case 19: case 20:                          /* readv writev */
+#elif defined(__aarch64__)
+    case 65: case 66:
+#endif
+        io.how = len && len <= SOCK_MAX_IOV ? SOCK_IOV : SOCK_NONE;
+        io.buf = buf;
+        io.len = len;
+        break;
+    }
+    return io;
 }
 
-/* The program on syscall `call`'s exit (syscalls:sys_exit_<call>): for a task that
- * may be watched, `body` runs with the call's arguments in `a` and its return
- * value in args->ret. */
-#define ON_SYSCALL_EXIT(call, body)                                               \
-int on_##call##_exit(struct tracepoint__syscalls__sys_exit_##call *args)          \
-{                                                                                 \
-    if (!maybe_watched(current_tid()))                                            \
-        return 0;                                                                 \
-    struct call_args a = current_call_args();                                     \
-    body;                                                                         \
-    return 0;                                                                     \
+/* The first segment of the bytes moved: {base, len} (the iovec's whole length for
+ * a read into iovecs), or {0, 0} without a user buffer. */
+static __always_inline void sock_first(struct sock_io *io, u64 seg[2])
+{
+    if (io->how == SOCK_BUF) {
+        seg[0] = io->buf;
+        seg[1] = io->len;
+    } else if (io->how == SOCK_IOV) {
+        bpf_probe_read_user(seg, 2 * sizeof(u64), (void *)io->buf);
+    }
 }
+
+/* The call's first bytes, up to 8 (little-endian, the first byte lowest), and in
+ * *n how many; none without a user buffer. */
+static __always_inline u64 sock_head(struct sock_io *io, u32 *n)
+{
+    u64 seg[2] = {}, head = 0;
+    sock_first(io, seg);
+    u64 len = seg[1] < (u64)io->ret ? seg[1] : (u64)io->ret;
+    if (len > 8)
+        len = 8;
+    *n = 0;
+    if (io->ret > 0 && len > 0 && !bpf_probe_read_user(&head, len, (void *)seg[0]))
+        *n = len;
+    return head;
+}
+
+/* A TCP socket (not a Unix or UDP one): only those are tracked, as only their
+ * end (tcp:tcp_destroy_sock) is seen, which forgets the socket's entry. */
+static __always_inline int sock_is_tcp(u64 sk)
+{
+    u16 protocol = 0;
+    bpf_probe_read_kernel(&protocol, sizeof(protocol), (void *)(sk + SOCK_PROTOCOL_OFF));
+    return protocol == SOCK_IPPROTO_TCP;
+}
+#endif
 
 /* An insert into map MAP_* failed (the map is full): the entry is lost, say so. */
 static __always_inline void map_full_add(u32 map)

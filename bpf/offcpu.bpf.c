@@ -6,9 +6,8 @@
  * its run-queue wait after the wake-up) goes into that class's histogram. One
  * observation per time a syscall blocked; a syscall that returns without
  * blocking costs nothing, and no program runs on any syscall. The syscall in
- * progress is read from the task's saved user registers (struct pt_regs, the
- * arch's syscall ABI, the frame ptrace shows): x86-64 orig_ax with ax still
- * -ENOSYS while the syscall runs, arm64 syscallno (-1 outside a syscall).
+ * progress is read from the task's saved user registers (bpf/common.h
+ * current_syscall).
  * A task preempted on its way to sleep (its state already set) counts as
  * blocked too: sched_switch, attached raw, hands over the task's state as it
  * left, whether or not it was preempted (bpf/common.h sched_switch_of); else a
@@ -63,25 +62,12 @@ static __always_inline u32 syscall_class(long nr)
     }
 }
 
-/* The syscall the current task is in, or -1 when it is not in one. */
-static __always_inline long current_syscall(void)
-{
-    struct pt_regs *regs = current_regs();
-#if defined(__x86_64__)
-    return regs->ax == -38 ? (long)regs->orig_ax : -1;   /* ax is -ENOSYS until it returns */
-#elif defined(__aarch64__)
-    return (int)regs->syscallno;                          /* -1 outside a syscall */
-#else
-    return -1;
-#endif
-}
-
 static __always_inline void offcpu_switch(struct sched_switch *s)
 {
     u32 prev = s->prev, next = s->next;
     u32 *service = service_of_task(prev);       /* prev is the current task */
     if (service && (s->prev_state & OFFCPU_BLOCKED)) {
-        long nr = current_syscall();
+        long nr = current_syscall(current_regs());
         if (nr >= 0) {
             struct offcpu_left e = {.at = bpf_ktime_get_ns(), .service = *service,
                                     .class_id = syscall_class(nr)};

@@ -1,8 +1,8 @@
 /* TLS per service, each figure from one source only.
  *
  * Handshakes come from the TLS records themselves as they cross the service's
- * sockets (the read and write syscalls of connections it accepted or connected),
- * so every TLS stack counts alike: OpenSSL however it is driven (SSL_do_handshake,
+ * TCP sockets (seen at the socket layer: bpf/common.h sock_io_of), so every TLS
+ * stack counts alike: OpenSSL however it is driven (SSL_do_handshake,
  * SSL_accept, or the first SSL_read through a BIO), BoringSSL, Go's crypto/tls,
  * rustls, Java. Each record starts with a 5-byte header (content type, version,
  * length); a connection's record boundaries are followed in both directions, even
@@ -12,8 +12,11 @@
  * Finished; 1.2: its first request) or written by the client (its Finished, or
  * its first request), or to the first application-data write of a TLS 1.2 server
  * that speaks first (both sides have changed cipher spec; in TLS 1.3 the server's
- * own handshake messages are type 23 records, which are not that). Then the
- * connection is forgotten: its later records cost nothing.
+ * own handshake messages are type 23 records, which are not that). A socket is
+ * followed from the first call that moves a ClientHello (a read makes the
+ * service its server, a write its client), whenever it comes (STARTTLS: after
+ * plaintext); once its handshake is timed it is forgotten, as at its end
+ * (tcp:tcp_destroy_sock).
  *
  * Plaintext calls and bytes come from uprobes on the services' own libssl
  * (SSL_read, SSL_write and their _ex forms), the one thing the records cannot
@@ -24,52 +27,30 @@
 #define TLS_MAX_RECORD (16384 + 2048)   /* the largest TLSCiphertext a peer may send */
 #define TLS_RECORDS_PER_CALL 16         /* headers followed per syscall; a flight has fewer */
 #define TLS_IOVECS 4                    /* iovecs followed per readv/writev/recvmsg/sendmsg */
-#define TLS_PLAIN_CALLS 8               /* data syscalls before a ClientHello (STARTTLS) before giving up */
 #define TLS_CCS 20
 #define TLS_HANDSHAKE 22
+#define TLS_CLIENT_HELLO 1
 #define TLS_APPDATA 23
-#define TLS_MSG_PEEK 2                  /* recv flag: the data stays queued, it has not crossed yet */
-
-struct tls_conn_key {
-    u32 tgid;
-    u32 fd;
-};
 
 struct tls_conn {
-    u64 started;         /* ns the ClientHello crossed; 0 while waiting for one */
+    u64 started;         /* ns the ClientHello crossed */
     u32 service;
-    u8 server;           /* accepted: the ClientHello is read; connected: it is written */
+    u8 server;           /* it read the ClientHello (else it wrote it) */
     u8 ccs;              /* 1 << direction: a ChangeCipherSpec went that way */
     u8 tls13;            /* the server wrote a type 23 record inside its handshake */
-    u8 plain_calls;      /* data syscalls seen before the ClientHello */
     u32 left[2];         /* per direction: bytes of the current record still to come */
     u32 have[2];         /* per direction: bytes of a header split across syscalls */
     u64 header[2];       /* per direction: those bytes, the first one lowest */
 };
 
-BPF_TABLE("lru_hash", struct tls_conn_key, struct tls_conn, tls_conns, 16384);
+BPF_TABLE("lru_hash", u64, struct tls_conn, tls_conns, 16384);   /* socket -> its handshake */
 
 /* ---- handshakes, from the records ---- */
 
-static __always_inline void tls_opened(long fd, u8 server)
+static __always_inline void tls_forget(u64 sk)
 {
-    if (fd < 0)
-        return;
-    u32 *service = service_of_task(current_tid());
-    if (!service)
-        return;
-    struct tls_conn_key k = {.tgid = current_tgid(), .fd = (u32)fd};
-    struct tls_conn c = {.service = *service, .server = server};
-    tls_conns.update(&k, &c);
-}
-
-static __always_inline void tls_closed(u64 fd)
-{
-    if (!maybe_watched(current_tid()))
-        return;
-    struct tls_conn_key k = {.tgid = current_tgid(), .fd = (u32)fd};
-    if (tls_conns.lookup(&k))   /* a lookup takes no lock: most closed fds were never ours */
-        tls_conns.delete(&k);
+    if (tls_conns.lookup(&sk))   /* a lookup takes no lock: most sockets were never ours */
+        tls_conns.delete(&sk);
 }
 
 /* One record header has been read. Returns 1 when it ends the handshake. */
@@ -132,109 +113,87 @@ static __always_inline int tls_walk(struct tls_conn *c, u32 dir, u64 buf, u64 le
     return -1;   /* more records than followed: their boundaries are lost */
 }
 
-/* Before a ClientHello: is this the start of one, in the direction it goes? */
-static __always_inline int tls_hello(struct tls_conn *c, u32 dir, u64 buf, u64 len)
+/* Does this call start with a ClientHello (a handshake record, version 3.x, and
+ * where its fifth byte came along, handshake type 1)? */
+static __always_inline int tls_hello(struct sock_io *io)
 {
-    u8 h[3] = {};
-    if (dir != (c->server ? TLS_READ : TLS_WRITE) || len < sizeof(h))
+    u32 n;
+    u64 head = sock_head(io, &n);
+    if (n < 3 || (head & 0xff) != TLS_HANDSHAKE || ((head >> 8) & 0xff) != 3 || ((head >> 16) & 0xff) > 4)
         return 0;
-    bpf_probe_read_user(h, sizeof(h), (void *)buf);
-    return h[0] == TLS_HANDSHAKE && h[1] == 3 && h[2] <= 4;
+    return n < 6 || ((head >> 40) & 0xff) == TLS_CLIENT_HELLO;
 }
 
-/* `len` bytes went through connection c in direction dir, in one buffer.
- * Returns 1 when the connection is done with (handshake timed, or not TLS). */
-static __always_inline int tls_data(struct tls_conn *c, u32 dir, u64 buf, u64 len)
+/* A socket nothing is kept for: if a watched task's TCP socket moved the start of
+ * a ClientHello, its handshake starts now. */
+static __always_inline struct tls_conn *tls_opened(struct sock_io *io, u32 dir)
 {
-    if (!c->started) {
-        if (!tls_hello(c, dir, buf, len))
-            return ++c->plain_calls >= TLS_PLAIN_CALLS;
-        c->started = bpf_ktime_get_ns();
+    if (!tls_hello(io) || !sock_is_tcp(io->sk))
+        return 0;
+    u32 *service = service_of_task(current_tid());
+    if (!service)
+        return 0;
+    struct tls_conn c = {.service = *service, .server = dir == TLS_READ, .started = bpf_ktime_get_ns()};
+    tls_conns.update(&io->sk, &c);
+    return tls_conns.lookup(&io->sk);
+}
+
+/* A read or a write returned on a watched task's socket (bpf/common.h sock_io). */
+static __always_inline void tls_io_done(struct sock_io *io, u32 dir)
+{
+    if (io->ret <= 0 || io->how == SOCK_NONE || (io->flags & SOCK_MSG_PEEK))
+        return;
+    struct tls_conn *c = tls_conns.lookup(&io->sk);
+    if (!c && !(c = tls_opened(io, dir)))
+        return;
+    int r = 0;
+    u64 rest = io->ret;
+    for (int i = 0; i < TLS_IOVECS && rest && !r; i++) {
+        u64 seg[2] = {io->buf, rest};    /* one buffer, or the i-th struct iovec: base, len */
+        if (io->how == SOCK_IOV) {
+            if (i >= io->len)
+                break;
+            bpf_probe_read_user(seg, sizeof(seg), (void *)(io->buf + i * sizeof(seg)));
+        }
+        u64 part = seg[1] < rest ? seg[1] : rest;
+        if (part)
+            r = tls_walk(c, dir, seg[0], part);
+        rest -= part;
     }
-    int r = tls_walk(c, dir, buf, len);
+    if (!r && rest)
+        r = -1;                          /* bytes past the iovecs followed: boundaries lost */
     if (r > 0)
         hist_add(c->service, SIG_TLS_HANDSHAKE, 0, bpf_ktime_get_ns() - c->started);
-    return r != 0;
+    if (r)
+        tls_conns.delete(&io->sk);
 }
-
-/* A read or write of `ret` bytes returned on fd: buf is the buffer, or the iovec
- * array when iovcnt > 0. For a task that may be watched (ON_SYSCALL_EXIT). */
-static __always_inline void tls_io_done(long ret, u64 fd, u64 buf, u64 iovcnt, u32 dir)
-{
-    if (ret <= 0)
-        return;
-    struct tls_conn_key k = {.tgid = current_tgid(), .fd = (u32)fd};
-    struct tls_conn *c = tls_conns.lookup(&k);
-    if (!c)
-        return;
-    int done = 0;
-    if (!iovcnt) {
-        done = tls_data(c, dir, buf, ret);
-    } else {
-        u64 rest = ret;
-        for (int i = 0; i < TLS_IOVECS && i < iovcnt && rest && !done; i++) {
-            u64 iov[2] = {};     /* struct iovec: base, len */
-            bpf_probe_read_user(iov, sizeof(iov), (void *)(buf + i * sizeof(iov)));
-            u64 part = iov[1] < rest ? iov[1] : rest;
-            if (part)
-                done = tls_data(c, dir, iov[0], part);
-            rest -= part;
-        }
-        done |= rest != 0 && c->started != 0;   /* bytes past the iovecs followed: boundaries lost */
-    }
-    if (done)
-        tls_conns.delete(&k);
-}
-
-/* recvfrom: a MSG_PEEK read leaves the bytes queued for the next read. */
-static __always_inline void tls_recv_done(long ret, u64 fd, u64 buf, u64 flags)
-{
-    if (!(flags & TLS_MSG_PEEK))
-        tls_io_done(ret, fd, buf, 0, TLS_READ);
-}
-
-/* recvmsg/sendmsg: the iovecs of their struct user_msghdr. */
-static __always_inline void tls_msg_done(long ret, u64 fd, u64 msg, u64 flags, u32 dir)
-{
-    if (ret <= 0 || !msg || (flags & TLS_MSG_PEEK))
-        return;
-    u64 iov[2] = {};
-    msghdr_iov(msg, iov);
-    if (iov[1])
-        tls_io_done(ret, fd, iov[0], iov[1], dir);
-}
-
-/* This family's part of each socket syscall's exit, the call's arguments (a, its
- * call_args) mapped once for whichever program runs it: this file's own, or
- * http's (bpf/http.bpf.c) when both families are on. */
-#define TLS_EXIT_read(ret, a)     tls_io_done(ret, a.arg[0], a.arg[1], 0, TLS_READ)
-#define TLS_EXIT_readv(ret, a)    tls_io_done(ret, a.arg[0], a.arg[1], a.arg[2], TLS_READ)
-#define TLS_EXIT_recvfrom(ret, a) tls_recv_done(ret, a.arg[0], a.arg[1], a.arg[3])
-#define TLS_EXIT_recvmsg(ret, a)  tls_msg_done(ret, a.arg[0], a.arg[1], a.arg[2], TLS_READ)
-#define TLS_EXIT_write(ret, a)    tls_io_done(ret, a.arg[0], a.arg[1], 0, TLS_WRITE)
-#define TLS_EXIT_writev(ret, a)   tls_io_done(ret, a.arg[0], a.arg[1], a.arg[2], TLS_WRITE)
-#define TLS_EXIT_sendto(ret, a)   tls_io_done(ret, a.arg[0], a.arg[1], 0, TLS_WRITE)
-#define TLS_EXIT_sendmsg(ret, a)  tls_msg_done(ret, a.arg[0], a.arg[1], a.arg[2], TLS_WRITE)
-
-/* connect() returned 0, or -EINPROGRESS on a non-blocking socket: the ClientHello is ours to write. */
-#define TLS_EINPROGRESS -115
-ON_SYSCALL_EXIT(connect, if (args->ret == 0 || args->ret == TLS_EINPROGRESS) tls_opened(a.arg[0], 0))
 
 #ifndef FAMILY_HTTP
-/* Without the http family these syscalls are this family's alone; with it,
+/* Without the http family these tracepoints are this family's alone; with it,
  * bpf/http.bpf.c's programs on them call the tls_* hooks above as well. */
-int on_accept_exit(struct tracepoint__syscalls__sys_exit_accept *args)       { tls_opened(args->ret, 1); return 0; }
-int on_accept4_exit(struct tracepoint__syscalls__sys_exit_accept4 *args)     { tls_opened(args->ret, 1); return 0; }
-#define TLS_ONLY_EXIT(call) ON_SYSCALL_EXIT(call, TLS_EXIT_##call(args->ret, a))
-TLS_ONLY_EXIT(read)
-TLS_ONLY_EXIT(readv)
-TLS_ONLY_EXIT(recvfrom)
-TLS_ONLY_EXIT(recvmsg)
-TLS_ONLY_EXIT(write)
-TLS_ONLY_EXIT(writev)
-TLS_ONLY_EXIT(sendto)
-TLS_ONLY_EXIT(sendmsg)
-int on_close_enter(struct tracepoint__syscalls__sys_enter_close *args)       { tls_closed(args->fd); return 0; }
+int on_sock_recv(struct bpf_raw_tracepoint_args *ctx)
+{
+    if (maybe_watched(current_tid())) {
+        struct sock_io io = sock_io_of(ctx);
+        tls_io_done(&io, TLS_READ);
+    }
+    return 0;
+}
+
+int on_sock_send(struct bpf_raw_tracepoint_args *ctx)
+{
+    if (maybe_watched(current_tid())) {
+        struct sock_io io = sock_io_of(ctx);
+        tls_io_done(&io, TLS_WRITE);
+    }
+    return 0;
+}
+
+int on_sock_destroy(struct bpf_raw_tracepoint_args *ctx)
+{
+    tls_forget(ctx->args[0]);
+    return 0;
+}
 #endif
 
 /* ---- plaintext calls and bytes, from libssl ---- */

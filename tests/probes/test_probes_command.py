@@ -68,7 +68,7 @@ def test_watch_prints_a_table_for_the_service(root_only, spawn, tag):
     assert re.search(r"^web +http_request +\d+ ", result.stdout, re.M), result.stdout
     assert result.stdout.count("attached (") == 1 and "not attached" not in result.stdout
     assert re.search(r"^attached \(\d+\): sched:sched_process_fork, ", result.stdout, re.M), result.stdout
-    assert "syscalls:sys_exit_accept4," in result.stdout.split("service        signal")[0]
+    assert "sock:sock_recv_length," in result.stdout.split("service        signal")[0]
     assert "p99        max\n" in result.stdout
     p50, p99, top = re.search(r"^web +http_request +\d+ +(\S+) +(\S+) +(\S+)$", result.stdout, re.M).groups()
     assert all(v.endswith(("s", "ms", "µs")) for v in (p50, p99, top)), (p50, p99, top)

@@ -1,25 +1,10 @@
-"""HTTP/1.x per service from accept/read/write/close (bpf/http.bpf.c): the whole
+"""HTTP/1.x per service from its TCP sockets' reads and writes (bpf/http.bpf.c): the whole
 response, its first body byte (a streaming LLM server's TTFT), the gaps between
 its body writes (inter-token), its status class, and the responses that sent
 the client away (429, 503: a limit or a queue timeout), timed apart."""
+from daemon.collectors.kernel import sockets
 from daemon.collectors.kernel.family import Family, Signal
 from daemon.collectors.kernel.helpers import PT_REGS
-
-
-def syscall_points(*calls: tuple[str, str]) -> tuple[tuple[str, str], ...]:
-    """(when, call) pairs as (tracepoint, fn): ("enter", "read") -> sys_enter_read, on_read_enter."""
-    return tuple((f"syscalls:sys_{when}_{call}", f"on_{call}_{when}") for when, call in calls)
-
-
-# The socket syscalls the tls family reads too: one program on each serves both
-# (bpf/http.bpf.c). All at the syscall's exit, which reads the call's arguments
-# from the task's registers (current_call_args in bpf/common.h), but close, whose
-# fd another thread may own again by its exit.
-SOCKET_CALLS = syscall_points(
-    ("exit", "accept"), ("exit", "accept4"),
-    ("exit", "read"), ("exit", "readv"), ("exit", "recvfrom"), ("exit", "recvmsg"),
-    ("exit", "write"), ("exit", "writev"), ("exit", "sendto"), ("exit", "sendmsg"),
-    ("enter", "close"))
 
 STATUS_CLASSES = {n: f"{n}xx" for n in range(2, 6)}   # label id: the status code's first digit
 # The statuses that mean "not served, come back later" (label id: the code itself):
@@ -51,10 +36,14 @@ class Http(Family):
                Signal("http_arrived", "slotune_http_requests_arrived_total", None, "counter",
                       "HTTP/1.x requests read by the service, counted as they arrive (answered or not yet): "
                       "the load offered to it"))
-    tracepoints = SOCKET_CALLS + syscall_points(("exit", "sendfile64"))
-    helpers = PT_REGS
+    raw_tracepoints = sockets.POINTS   # shared with the tls family: one program each serves both
+    helpers = PT_REGS                  # where a read's or a write's bytes are: the syscall's registers
     defines = {"FAMILY_HTTP": 1, "HTTP_SERVICE_IDS": SERVICE_IDS, "HTTP_CLASS_SLOTS": CLASS_SLOTS, **REFUSED}
     service_arrays = {"http_arrived": ("http_arrived", 1), "http_statuses": ("http_status", CLASS_SLOTS)}
+
+    def __init__(self):
+        self.defines = {**self.defines, **sockets.layout()}
+        self.raw_tracepoints = sockets.points()
 
     def label(self, signal: str, label_id: int) -> str:
         if signal == "http_refused":

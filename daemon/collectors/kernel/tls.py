@@ -1,5 +1,5 @@
 """TLS per service (bpf/tls.bpf.c): handshakes timed from the TLS records on the
-services' sockets, whatever TLS stack they use; plaintext calls and bytes from
+services' TCP sockets (sockets.py), whatever TLS stack they use; plaintext calls and bytes from
 uprobes on libssl. The library is found in the services' own memory maps each
 interval and each new one is probed once; the kernel side counts only watched
 tasks. The handshake has one source, the records: libssl's SSL_do_handshake is
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 
+from daemon.collectors.kernel import sockets
 from daemon.collectors.kernel.family import Attachment, Family, Signal
 from daemon.collectors.kernel.helpers import PT_REGS
-from daemon.collectors.kernel.http import SOCKET_CALLS, syscall_points
 
 DIRECTIONS = ("read", "write")           # TLS_READ = 0, TLS_WRITE = 1
 ENTRY = {"SSL_read": "on_ssl_read", "SSL_write": "on_ssl_write",
@@ -44,11 +44,13 @@ class Tls(Family):
                       "Plaintext bytes the service read or wrote through libssl"),
                Signal("tls_calls", "slotune_tls_calls_total", "direction", "counter",
                       "Successful SSL_read/SSL_write calls (and _ex forms) of the service"))
-    tracepoints = SOCKET_CALLS + syscall_points(("exit", "connect"))
+    raw_tracepoints = sockets.POINTS   # shared with the http family: one program each serves both
     helpers = PT_REGS
     defines = {**{f"TLS_{d.upper()}": i for i, d in enumerate(DIRECTIONS)}, "FAMILY_TLS": 1}
 
     def __init__(self):
+        self.defines = {**self.defines, **sockets.layout()}
+        self.raw_tracepoints = sockets.points()
         self.libraries: dict[tuple[int, int], str] = {}   # (dev, inode) -> path probed
         self.with_libssl: set[int] = set()                # processes whose libssl is probed
 
