@@ -142,9 +142,9 @@ static __always_inline struct sched_switch sched_switch_of(struct bpf_raw_tracep
 
 /* A read or a write on a socket as the socket layer sees it (the http and tls
  * families: sock:sock_recv_length and sock:sock_send_length, attached raw, whose
- * arguments are sk, ret, flags), inside the syscall that made it, whose arguments
- * in the task's saved registers say where the user's bytes are. Only sockets of
- * watched tasks get this far; which socket is TCP is read at SOCK_PROTOCOL_OFF,
+ * arguments are sk, ret, flags), inside the syscall that made it, whose
+ * arguments in the task's saved registers say where the user's bytes are
+ * (sock_locate). Only sockets of watched tasks get this far; which socket is TCP is read at SOCK_PROTOCOL_OFF,
  * struct sock's sk_protocol in the running kernel's BTF (sockets.py). */
 #ifdef SOCK_PROTOCOL_OFF
 #define SOCK_BUF 0           /* read, write, recvfrom, sendto: buf, len (the bytes moved) */
@@ -167,6 +167,13 @@ static __always_inline struct sock_io sock_io_of(struct bpf_raw_tracepoint_args 
 {
     struct sock_io io = {.sk = ctx->args[0], .ret = (int)ctx->args[1], .flags = (u32)ctx->args[2],
                          .how = SOCK_NONE};
+    return io;
+}
+
+/* Where the call's bytes are (io->how, buf, len), read from its syscall's
+ * arguments: done only by a program that reads the bytes. */
+static __always_inline void sock_locate(struct sock_io *io)
+{
     struct pt_regs *regs = current_regs();
 #if defined(__x86_64__)
     u64 buf = regs->si, len = regs->dx;
@@ -181,9 +188,9 @@ static __always_inline struct sock_io sock_io_of(struct bpf_raw_tracepoint_args 
 #elif defined(__aarch64__)
     case 63: case 64: case 206: case 207:
 #endif
-        io.how = SOCK_BUF;
-        io.buf = buf;
-        io.len = io.ret > 0 ? io.ret : 0;
+        io->how = SOCK_BUF;
+        io->buf = buf;
+        io->len = io->ret > 0 ? io->ret : 0;
         break;
 #if defined(__x86_64__)
     case 46: case 47:                          /* sendmsg recvmsg: msg_iov at 16, msg_iovlen at 24 */
@@ -202,12 +209,11 @@ static __always_inline struct sock_io sock_io_of(struct bpf_raw_tracepoint_args 
 #elif defined(__aarch64__)
     case 65: case 66:
 #endif
-        io.how = len && len <= SOCK_MAX_IOV ? SOCK_IOV : SOCK_NONE;
-        io.buf = buf;
-        io.len = len;
+        io->how = len && len <= SOCK_MAX_IOV ? SOCK_IOV : SOCK_NONE;
+        io->buf = buf;
+        io->len = len;
         break;
     }
-    return io;
 }
 
 /* The first segment of the bytes moved: {base, len} (the iovec's whole length for

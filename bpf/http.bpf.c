@@ -238,12 +238,16 @@ static __always_inline int http_write_done(struct http_conn *c, struct sock_io *
 #define TLS_ALSO(call)
 #endif
 
+/* A read that failed (EAGAIN, most of them) or a write that moved nothing is
+ * nobody's business: the first test, before the watched one. */
 int on_sock_recv(struct bpf_raw_tracepoint_args *ctx)
 {
-    if (!maybe_watched(current_tid()))
+    if ((int)ctx->args[1] < 0 || !maybe_watched(current_tid()))
         return 0;
     struct sock_io io = sock_io_of(ctx);
     struct http_conn *c = http_conns.lookup(&io.sk);
+    if (!c)
+        sock_locate(&io);                        /* a request or a ClientHello may start here */
     http_read_done(c, &io);
     if (!c)
         TLS_ALSO(tls_io_done(&io, TLS_READ));
@@ -252,9 +256,10 @@ int on_sock_recv(struct bpf_raw_tracepoint_args *ctx)
 
 int on_sock_send(struct bpf_raw_tracepoint_args *ctx)
 {
-    if (!maybe_watched(current_tid()))
+    if ((int)ctx->args[1] <= 0 || !maybe_watched(current_tid()))
         return 0;
     struct sock_io io = sock_io_of(ctx);
+    sock_locate(&io);
     struct http_conn *c = http_conns.lookup(&io.sk);
     if (c)
         http_write_done(c, &io);

@@ -21,7 +21,10 @@
  * RTT is not measured.
  * RTT is sampled at most once per TCP_RTT_EVERY_NS per connection (the first
  * received segment after that), so each busy connection weighs the same in time,
- * however many segments it receives: a burst of ACKs counts once.
+ * however many segments it receives: a burst of ACKs counts once. The time of
+ * the last sample is kept per slot of the socket's address (tcp_rtt_at, an array
+ * beside tcp_sock_hint), so a segment inside the interval costs no hash lookup;
+ * two connections sharing a slot share its interval.
  * The peer label comes from the remote port (ServiceSpec.peers), else "other".
  * The first test on every segment is two lookups in small arrays (inlined by
  * the JIT, 16 KiB together so they stay in cache): tcp_sock_hint counts the
@@ -41,7 +44,6 @@
 
 struct tcp_owner {
     u64 connect_at;      /* ns at SYN_SENT, 0 for accepted sockets */
-    u64 rtt_at;          /* ns of the connection's last RTT sample */
     u32 service;
     u16 peer;
     u16 pad;
@@ -64,10 +66,16 @@ BPF_HASH(tcp_listen_ports, struct tcp_listen_key, u32, 1024);          /* (netns
 BPF_HASH(tcp_peer_ports, struct tcp_peer_key, u16, 1024);              /* (service, remote port) -> peer id */
 BPF_ARRAY(tcp_sock_hint, u32, TCP_HINT_SLOTS);                          /* owned sockets per address slot */
 BPF_ARRAY(tcp_port_hint, u64, 1024);                                    /* bit per local port a service listens on */
+BPF_ARRAY(tcp_rtt_at, u64, TCP_HINT_SLOTS);                             /* ns of the last RTT sample per address slot */
+
+static __always_inline u32 tcp_slot(u64 sk)
+{
+    return (u32)((sk >> 8) ^ (sk >> 20)) & (TCP_HINT_SLOTS - 1);
+}
 
 static __always_inline u32 *tcp_sock_slot(u64 sk)
 {
-    u32 slot = (u32)((sk >> 8) ^ (sk >> 20)) & (TCP_HINT_SLOTS - 1);
+    u32 slot = tcp_slot(sk);
     return tcp_sock_hint.lookup(&slot);
 }
 
@@ -155,17 +163,22 @@ int on_tcp_probe(struct bpf_raw_tracepoint_args *ctx)
     u64 sk = ctx->args[0];
     u32 ports = 0;                       /* skc_dport (network order), then skc_num */
     bpf_probe_read_kernel(&ports, sizeof(ports), (void *)(sk + TCP_PORTS_OFF));
-    struct tcp_owner *o = tcp_owner_of(sk, ports >> 16, __builtin_bswap16((u16)ports));
-    if (!o)
+    u16 sport = ports >> 16;
+    if (!tcp_maybe_owned(sk, sport))
         return 0;
+    u32 slot = tcp_slot(sk);
+    u64 *last = tcp_rtt_at.lookup(&slot);
     u64 now = bpf_ktime_get_ns();
-    if (now - o->rtt_at < TCP_RTT_EVERY_NS)
+    if (!last || now - *last < TCP_RTT_EVERY_NS)
+        return 0;
+    struct tcp_owner *o = tcp_owner_of(sk, sport, __builtin_bswap16((u16)ports));
+    if (!o)
         return 0;
     u32 srtt = 0;                        /* tcp_sock.srtt_us: 8 times the smoothed RTT in us */
     bpf_probe_read_kernel(&srtt, sizeof(srtt), (void *)(sk + TCP_SRTT_OFF));
     if (srtt < 8)                        /* no RTT measured yet */
         return 0;
-    o->rtt_at = now;
+    *last = now;
     hist_add(o->service, SIG_TCP_RTT, o->peer, (u64)(srtt >> 3) * 1000);
     return 0;
 }
