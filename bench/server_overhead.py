@@ -71,10 +71,6 @@ RUNQLAT = ("tracepoint:sched:sched_wakeup,tracepoint:sched:sched_wakeup_new {{ @
            "tracepoint:sched:sched_switch {{ if (args->prev_state == 0) {{ @qtime[args->prev_pid] = nsecs; }} "
            "$ns = @qtime[args->next_pid]; if ($ns) {{ @usecs = hist((nsecs - $ns) / 1000); }} "
            "delete(@qtime[args->next_pid]); }}")
-# The socket layer's own tracepoints (every socket send and receive, in the caller's
-# syscall; Linux >= 6.4): where http and tls could attach instead of syscall exits.
-SOCKET_POINTS = ("sock:sock_send_length", "sock:sock_recv_length")
-SOCKET_LAYER = "/sys/kernel/tracing/events/sock/sock_send_length"
 PIPE_LOOPS = 100_000    # perf bench sched pipe round trips a run (~1.5 s here)
 
 
@@ -384,12 +380,8 @@ def nginx_rounds(args, work: Path) -> list[str]:
                        Bpftrace()]
             tracers += [OtherTree(tree) for tree in args.compare]
             if args.empty:
-                syscalls = [a for a in all_attach_points() if a.target.startswith("syscalls:")]
-                tracers += [Empty(f"empty programs on slotune's {len(syscalls)} syscall points", syscalls),
+                tracers += [Empty("nothing attached (A/A: the method's own spread)", []),
                             Empty("empty programs on all of slotune's attach points", all_attach_points())]
-                if Path(SOCKET_LAYER).exists():    # Linux >= 6.4
-                    tracers.append(Empty("empty raw on sock_send_length, sock_recv_length",
-                                         [empty(tp, "raw_tracepoint") for tp in SOCKET_POINTS]))
             try:
                 results = alternate(Target(spec, nginx.worker, nginx.port, measure), tracers, args.rounds)
             finally:

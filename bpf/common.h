@@ -140,22 +140,27 @@ static __always_inline struct sched_switch sched_switch_of(struct bpf_raw_tracep
 }
 #endif
 
-/* A read or a write on a socket as the socket layer sees it (the http and tls
- * families: sock:sock_recv_length and sock:sock_send_length, attached raw, whose
- * arguments are sk, ret, flags), inside the syscall that made it, whose
- * arguments in the task's saved registers say where the user's bytes are
- * (sock_locate). Only sockets of watched tasks get this far; which socket is TCP is read at SOCK_PROTOCOL_OFF,
- * struct sock's sk_protocol in the running kernel's BTF (sockets.py). */
-#ifdef SOCK_PROTOCOL_OFF
+/* A read or a write on a watched task's socket, for the http and tls families.
+ * Where the kernel has them (Linux >= 6.4, SOCK_LAYER), seen at the socket layer:
+ * sock:sock_recv_length and sock:sock_send_length, attached raw (arguments sk,
+ * ret, flags), which fire inside the syscall that moves the bytes, and
+ * tcp:tcp_destroy_sock at a TCP socket's end; a connection is keyed by its
+ * struct sock. Before 6.4, at the socket syscalls' exits, keyed by (process,
+ * fd) and ended by close(): every task on the host then takes the kernel's slow
+ * syscall path while they have programs. Either way the syscall's arguments in
+ * the task's saved registers say where the user's bytes are (sock_locate), and
+ * the families' code sees only struct sock_io. */
+#ifdef SOCK_LAYER
 #define SOCK_BUF 0           /* read, write, recvfrom, sendto: buf, len (the bytes moved) */
 #define SOCK_IOV 1           /* readv, writev, recvmsg, sendmsg: an iovec array, its count */
 #define SOCK_NONE 2          /* sendfile, splice, io_uring, the kernel's own: no user buffer */
 #define SOCK_MSG_PEEK 2      /* recv flag: the bytes stay queued for the next read */
 #define SOCK_MAX_IOV 1024    /* UIO_MAXIOV */
 #define SOCK_IPPROTO_TCP 6
+#define SOCK_CURRENT -1      /* sock_locate: the syscall the task is in */
 
 struct sock_io {
-    u64 sk;              /* the socket: the key its connection is kept under */
+    u64 sk;              /* the key the connection is kept under: its socket, or (process, fd) */
     long ret;            /* bytes moved, 0 at end of file, or -errno */
     u32 flags;           /* recv flags */
     u32 how;             /* SOCK_* */
@@ -163,16 +168,9 @@ struct sock_io {
     u64 len;             /* its length, or the iovec count */
 };
 
-static __always_inline struct sock_io sock_io_of(struct bpf_raw_tracepoint_args *ctx)
-{
-    struct sock_io io = {.sk = ctx->args[0], .ret = (int)ctx->args[1], .flags = (u32)ctx->args[2],
-                         .how = SOCK_NONE};
-    return io;
-}
-
-/* Where the call's bytes are (io->how, buf, len), read from its syscall's
- * arguments: done only by a program that reads the bytes. */
-static __always_inline void sock_locate(struct sock_io *io)
+/* Where the bytes of syscall nr (SOCK_CURRENT: the one the task is in) are:
+ * io->how, buf, len, from its arguments. Done only by a program that reads them. */
+static __always_inline void sock_locate(struct sock_io *io, long nr)
 {
     struct pt_regs *regs = current_regs();
 #if defined(__x86_64__)
@@ -182,7 +180,9 @@ static __always_inline void sock_locate(struct sock_io *io)
 #else
     u64 buf = 0, len = 0;
 #endif
-    switch (current_syscall(regs)) {
+    if (nr == SOCK_CURRENT)
+        nr = current_syscall(regs);
+    switch (nr) {
 #if defined(__x86_64__)
     case 0: case 1: case 44: case 45:          /* read write sendto recvfrom */
 #elif defined(__aarch64__)
@@ -243,14 +243,102 @@ static __always_inline u64 sock_head(struct sock_io *io, u32 *n)
     return head;
 }
 
-/* A TCP socket (not a Unix or UDP one): only those are tracked, as only their
- * end (tcp:tcp_destroy_sock) is seen, which forgets the socket's entry. */
+#if SOCK_LAYER
+/* A TCP socket (not a Unix or UDP one): only those are kept, as only their end
+ * (tcp:tcp_destroy_sock) is seen, which forgets them. */
 static __always_inline int sock_is_tcp(u64 sk)
 {
     u16 protocol = 0;
     bpf_probe_read_kernel(&protocol, sizeof(protocol), (void *)(sk + SOCK_PROTOCOL_OFF));
     return protocol == SOCK_IPPROTO_TCP;
 }
+
+/* The programs, once in the object, around the families' sock_received(io, nr),
+ * sock_sent(io, nr) and sock_ended(key). A read that failed (EAGAIN, most of a
+ * busy server's) or a write that moved nothing is nobody's business: the first
+ * test, before the watched one. */
+#define SOCK_PROGRAMS                                                              \
+int on_sock_recv(struct bpf_raw_tracepoint_args *ctx)                              \
+{                                                                                  \
+    if ((int)ctx->args[1] < 0 || !maybe_watched(current_tid()))                    \
+        return 0;                                                                  \
+    struct sock_io io = {.sk = ctx->args[0], .ret = (int)ctx->args[1],             \
+                         .flags = (u32)ctx->args[2], .how = SOCK_NONE};            \
+    sock_received(&io, SOCK_CURRENT);                                              \
+    return 0;                                                                      \
+}                                                                                  \
+int on_sock_send(struct bpf_raw_tracepoint_args *ctx)                              \
+{                                                                                  \
+    if ((int)ctx->args[1] <= 0 || !maybe_watched(current_tid()))                   \
+        return 0;                                                                  \
+    struct sock_io io = {.sk = ctx->args[0], .ret = (int)ctx->args[1], .how = SOCK_NONE}; \
+    sock_sent(&io, SOCK_CURRENT);                                                  \
+    return 0;                                                                      \
+}                                                                                  \
+int on_sock_destroy(struct bpf_raw_tracepoint_args *ctx)                           \
+{                                                                                  \
+    sock_ended(ctx->args[0]);                                                      \
+    return 0;                                                                      \
+}
+#else
+static __always_inline int sock_is_tcp(u64 key)
+{
+    return 1;            /* an fd's socket is not seen from its syscall: any stream counts */
+}
+
+/* The syscall's fd (its first argument, x86-64 di; arm64 orig_x0, as x0 holds
+ * the return value at the exit) and a flags argument, as the connection's key. */
+static __always_inline u64 sock_fd_key(u64 fd)
+{
+    return (bpf_get_current_pid_tgid() & 0xffffffff00000000ULL) | (u32)fd;
+}
+
+static __always_inline u64 sock_call_fd(void)
+{
+    struct pt_regs *regs = current_regs();
+#if defined(__x86_64__)
+    return regs->di;
+#elif defined(__aarch64__)
+    return regs->orig_x0;
+#else
+    return 0;
+#endif
+}
+
+#define SOCK_EXIT(call, body)                                                      \
+int on_##call##_exit(struct tracepoint__syscalls__sys_exit_##call *args)           \
+{                                                                                  \
+    if (args->ret < 0 || !maybe_watched(current_tid()))                            \
+        return 0;                                                                  \
+    struct sock_io io = {.sk = sock_fd_key(sock_call_fd()), .ret = args->ret, .how = SOCK_NONE}; \
+    body;                                                                          \
+    return 0;                                                                      \
+}
+/* recvfrom's flags are its 4th argument (x86-64 r10, arm64 x3), recvmsg's its 3rd. */
+#if defined(__x86_64__)
+#define SOCK_ARG(n) (n == 2 ? current_regs()->dx : current_regs()->r10)
+#elif defined(__aarch64__)
+#define SOCK_ARG(n) (current_regs()->regs[n])
+#else
+#define SOCK_ARG(n) 0
+#endif
+#define SOCK_PROGRAMS                                                              \
+SOCK_EXIT(read, sock_received(&io, args->__syscall_nr))                            \
+SOCK_EXIT(readv, sock_received(&io, args->__syscall_nr))                           \
+SOCK_EXIT(recvfrom, io.flags = SOCK_ARG(3); sock_received(&io, args->__syscall_nr)) \
+SOCK_EXIT(recvmsg, io.flags = SOCK_ARG(2); sock_received(&io, args->__syscall_nr)) \
+SOCK_EXIT(write, if (io.ret) sock_sent(&io, args->__syscall_nr))                   \
+SOCK_EXIT(writev, if (io.ret) sock_sent(&io, args->__syscall_nr))                  \
+SOCK_EXIT(sendto, if (io.ret) sock_sent(&io, args->__syscall_nr))                  \
+SOCK_EXIT(sendmsg, if (io.ret) sock_sent(&io, args->__syscall_nr))                 \
+SOCK_EXIT(sendfile64, if (io.ret) sock_sent(&io, args->__syscall_nr))              \
+int on_close_enter(struct tracepoint__syscalls__sys_enter_close *args)             \
+{                                                                                  \
+    if (maybe_watched(current_tid()))                                              \
+        sock_ended(sock_fd_key(args->fd));                                         \
+    return 0;                                                                      \
+}
+#endif
 #endif
 
 /* An insert into map MAP_* failed (the map is full): the entry is lost, say so. */

@@ -31,9 +31,11 @@
  * the hot path; user space sums the CPUs' slots.
  * A read or a write is one program run, for watched tasks only, and one lookup
  * of its socket; no program runs on any syscall, so no task on the host leaves
- * the kernel's fast syscall path. Times are taken as the socket layer returns:
- * a write counts once the kernel has its bytes. A write without a user buffer
- * (sendfile: one per socket send, so a large file is several) is body bytes.
+ * the kernel's fast syscall path (before Linux 6.4, programs on the socket
+ * syscalls' exits do the same work: bpf/common.h). Times are taken as the
+ * socket layer returns: a write counts once the kernel has its bytes. A write
+ * without a user buffer (sendfile: one per socket send, so a large file is
+ * several) is body bytes.
  * Only a response's first write reads its bytes (12 at the start, 4 at the end),
  * and a 5-byte write or a one-iovec writev() 5 more. */
 
@@ -230,55 +232,45 @@ static __always_inline int http_write_done(struct http_conn *c, struct sock_io *
 }
 
 /* The tls family reads the same sockets (bpf/tls.bpf.c): one program per
- * tracepoint serves both. A socket kept as an HTTP/1.x connection is no TLS one:
- * the tls family's hook runs only for the others. */
+ * attach point serves both. A socket kept as an HTTP/1.x connection is no TLS
+ * one: the tls family's hook runs only for the others. */
 #ifdef FAMILY_TLS
 #define TLS_ALSO(call) call
 #else
 #define TLS_ALSO(call)
 #endif
 
-/* A read that failed (EAGAIN, most of them) or a write that moved nothing is
- * nobody's business: the first test, before the watched one. */
-int on_sock_recv(struct bpf_raw_tracepoint_args *ctx)
+/* A read returned on a watched task's socket (bpf/common.h SOCK_PROGRAMS). */
+static __always_inline void sock_received(struct sock_io *io, long nr)
 {
-    if ((int)ctx->args[1] < 0 || !maybe_watched(current_tid()))
-        return 0;
-    struct sock_io io = sock_io_of(ctx);
-    struct http_conn *c = http_conns.lookup(&io.sk);
+    struct http_conn *c = http_conns.lookup(&io->sk);
     if (!c)
-        sock_locate(&io);                        /* a request or a ClientHello may start here */
-    http_read_done(c, &io);
+        sock_locate(io, nr);                     /* a request or a ClientHello may start here */
+    http_read_done(c, io);
     if (!c)
-        TLS_ALSO(tls_io_done(&io, TLS_READ));
-    return 0;
+        TLS_ALSO(tls_io_done(io, TLS_READ));
 }
 
-int on_sock_send(struct bpf_raw_tracepoint_args *ctx)
+static __always_inline void sock_sent(struct sock_io *io, long nr)
 {
-    if ((int)ctx->args[1] <= 0 || !maybe_watched(current_tid()))
-        return 0;
-    struct sock_io io = sock_io_of(ctx);
-    sock_locate(&io);
-    struct http_conn *c = http_conns.lookup(&io.sk);
+    sock_locate(io, nr);
+    struct http_conn *c = http_conns.lookup(&io->sk);
     if (c)
-        http_write_done(c, &io);
+        http_write_done(c, io);
     else
-        TLS_ALSO(tls_io_done(&io, TLS_WRITE));
-    return 0;
+        TLS_ALSO(tls_io_done(io, TLS_WRITE));
 }
 
-/* The socket's end, in whatever task or softirq frees it: its response is over. */
-int on_sock_destroy(struct bpf_raw_tracepoint_args *ctx)
+/* The connection's end, in whatever task or softirq frees the socket: its
+ * response is over. */
+static __always_inline void sock_ended(u64 key)
 {
-    u64 sk = ctx->args[0];
-    struct http_conn *c = http_conns.lookup(&sk);
+    struct http_conn *c = http_conns.lookup(&key);
     if (c) {
         http_response_over(c);
-        http_conns.delete(&sk);
+        http_conns.delete(&key);
     }
-#ifdef FAMILY_TLS
-    tls_forget(sk);
-#endif
-    return 0;
+    TLS_ALSO(tls_forget(key));
 }
+
+SOCK_PROGRAMS

@@ -171,24 +171,21 @@ static __always_inline void tls_io_done(struct sock_io *io, u32 dir)
 #ifndef FAMILY_HTTP
 /* Without the http family these tracepoints are this family's alone; with it,
  * bpf/http.bpf.c's programs on them call the tls_* hooks above as well. */
-static __always_inline int tls_only(struct bpf_raw_tracepoint_args *ctx, u32 dir)
+static __always_inline void sock_received(struct sock_io *io, long nr)
 {
-    if ((int)ctx->args[1] <= 0 || !maybe_watched(current_tid()))
-        return 0;
-    struct sock_io io = sock_io_of(ctx);
-    sock_locate(&io);
-    tls_io_done(&io, dir);
-    return 0;
+    sock_locate(io, nr);
+    tls_io_done(io, TLS_READ);
 }
 
-int on_sock_recv(struct bpf_raw_tracepoint_args *ctx) { return tls_only(ctx, TLS_READ); }
-int on_sock_send(struct bpf_raw_tracepoint_args *ctx) { return tls_only(ctx, TLS_WRITE); }
-
-int on_sock_destroy(struct bpf_raw_tracepoint_args *ctx)
+static __always_inline void sock_sent(struct sock_io *io, long nr)
 {
-    tls_forget(ctx->args[0]);
-    return 0;
+    sock_locate(io, nr);
+    tls_io_done(io, TLS_WRITE);
 }
+
+static __always_inline void sock_ended(u64 key) { tls_forget(key); }
+
+SOCK_PROGRAMS
 #endif
 
 /* ---- plaintext calls and bytes, from libssl ---- */

@@ -44,6 +44,7 @@ class Http(Family):
     def __init__(self):
         self.defines = {**self.defines, **sockets.layout()}
         self.raw_tracepoints = sockets.points()
+        self.tracepoints = sockets.syscall_points()
 
     def label(self, signal: str, label_id: int) -> str:
         if signal == "http_refused":

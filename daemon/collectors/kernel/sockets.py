@@ -1,11 +1,13 @@
-"""The socket layer's tracepoints, where the http and tls families see a watched
-task's reads and writes (bpf/common.h sock_io_of): sock:sock_recv_length and
-sock:sock_send_length fire inside the syscall that moves the bytes (Linux >= 6.4),
-and tcp:tcp_destroy_sock at a TCP socket's end. Attached raw, they build no trace
-record, and unlike the syscall tracepoints they send no task on the host down the
-kernel's slow syscall path. Which socket is TCP is read at struct sock's
-sk_protocol, placed by the running kernel's BTF. Where either is missing those
-programs are not attached, said in one line."""
+"""Where the http and tls families see a watched task's socket reads and writes
+(bpf/common.h SOCK_PROGRAMS). On Linux >= 6.4 with BTF, the socket layer's
+tracepoints: sock:sock_recv_length and sock:sock_send_length fire inside the
+syscall that moves the bytes, tcp:tcp_destroy_sock at a TCP socket's end;
+attached raw, they build no trace record, and unlike the syscall tracepoints
+they send no task on the host down the kernel's slow syscall path. Which socket
+is TCP is read at struct sock's sk_protocol, placed by the running kernel's BTF.
+Elsewhere, the socket syscalls' exits and close()'s entry, keyed by (process,
+fd): the same signals at the cost every syscall tracepoint puts on the whole
+host, said in one line at start-up."""
 from __future__ import annotations
 
 import functools
@@ -22,6 +24,9 @@ PROTOCOL = ("sock", "sk_protocol")
 POINTS = (("sock:sock_recv_length", "on_sock_recv"),
           ("sock:sock_send_length", "on_sock_send"),
           ("tcp:tcp_destroy_sock", "on_sock_destroy"))
+SYSCALL_POINTS = tuple((f"syscalls:sys_exit_{call}", f"on_{call}_exit")
+                       for call in ("read", "readv", "recvfrom", "recvmsg", "write", "writev", "sendto",
+                                    "sendmsg", "sendfile64")) + (("syscalls:sys_enter_close", "on_close_enter"),)
 EVENTS = "/sys/kernel/tracing/events"
 SINCE = (6, 4)           # the release that added sock_recv_length and sock_send_length
 
@@ -35,22 +40,27 @@ def tracepoints_present() -> bool:
 
 @functools.cache
 def layout() -> dict[str, int]:
-    """The #define bpf/common.h reads a socket's protocol with (-1: the programs stay off)."""
-    why = ""
+    """The #defines bpf/common.h builds the socket programs with: SOCK_LAYER 1 on
+    the socket layer (with SOCK_PROTOCOL_OFF), 0 on the syscalls."""
     if not tracepoints_present():
         why = (f"this kernel ({platform.release()}) has no sock:sock_recv_length or sock_send_length "
                f"tracepoint (Linux >= {SINCE[0]}.{SINCE[1]})")
     else:
         try:
-            return {"SOCK_PROTOCOL_OFF": offsets((PROTOCOL,))[PROTOCOL]}
+            return {"SOCK_LAYER": 1, "SOCK_PROTOCOL_OFF": offsets((PROTOCOL,))[PROTOCOL]}
         except BtfError as exc:
             why = str(exc)
-    log.warning("http and tls probes: %s; the socket tracepoints are not attached, so no HTTP timing "
-                "and no TLS handshakes (libssl's calls and bytes go on); fix: boot Linux >= %d.%d "
-                "built with CONFIG_DEBUG_INFO_BTF", why, *SINCE)
-    return {"SOCK_PROTOCOL_OFF": -1}
+    log.warning("http and tls probes: %s; they read the socket syscalls' exits instead, which puts every "
+                "task on the host on the kernel's slower syscall path while they run (fix: Linux >= %d.%d "
+                "with BTF)", why, *SINCE)
+    return {"SOCK_LAYER": 0}
 
 
 def points() -> tuple[tuple[str, str], ...]:
-    """The raw tracepoints the http and tls families attach, or none where they cannot work."""
-    return POINTS if layout()["SOCK_PROTOCOL_OFF"] >= 0 else ()
+    """The raw tracepoints the http and tls programs attach to (none before 6.4)."""
+    return POINTS if layout()["SOCK_LAYER"] else ()
+
+
+def syscall_points() -> tuple[tuple[str, str], ...]:
+    """The syscall tracepoints they attach to instead (none from 6.4)."""
+    return () if layout()["SOCK_LAYER"] else SYSCALL_POINTS

@@ -51,6 +51,7 @@ class Tls(Family):
     def __init__(self):
         self.defines = {**self.defines, **sockets.layout()}
         self.raw_tracepoints = sockets.points()
+        self.tracepoints = sockets.syscall_points()
         self.libraries: dict[tuple[int, int], str] = {}   # (dev, inode) -> path probed
         self.with_libssl: set[int] = set()                # processes whose libssl is probed
 
