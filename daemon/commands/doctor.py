@@ -7,6 +7,7 @@ from urllib.parse import urlparse
 from urllib.request import urlopen
 
 from daemon import config
+from daemon.collectors.kernel import sockets
 from daemon.collectors.kernel.families import FAMILIES
 from daemon.collectors.kernel.helpers import missing
 from daemon.host import kernel_features as kf
@@ -81,12 +82,21 @@ def check_families() -> list[kf.Finding]:
     return found
 
 
+def check_socket_layer() -> kf.Finding:
+    """Where the http and tls probes read sockets: the collector's own choice (sockets.py)."""
+    offset, why = sockets.protocol_offset()
+    if offset >= 0:
+        return kf.Finding("socket probes", True, "http and tls read the socket layer's tracepoints: "
+                                                 "no program on any syscall")
+    return kf.Finding("socket probes", False, f"{why}; http and tls: {sockets.FALLBACK}", sockets.FIX)
+
+
 def findings(args) -> list[kf.Finding]:
     found = [kf.check_privileges(), kf.check_btf(), kf.check_tracefs(), kf.check_headers(),
              kf.check_memlock()]
     if found[0].ok and found[2].ok:
         found += [kf.check_bcc_tracepoint(), kf.check_raw_tracepoint(), kf.check_uprobe(),
-                  kf.check_kprobe(), kf.check_fentry(), *check_families()]
+                  kf.check_kprobe(), kf.check_fentry(), *check_families(), check_socket_layer()]
     else:
         found.append(kf.Finding("probes", False, "not tried: needs privileges and tracefs first",
                                 "fix the lines above, then run slotune doctor again", required=True))

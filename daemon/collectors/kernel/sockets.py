@@ -38,21 +38,30 @@ def tracepoints_present() -> bool:
     return release() >= SINCE
 
 
+def protocol_offset() -> tuple[int, str]:
+    """(struct sock's sk_protocol offset, "") where the socket layer can be read, else (-1, why not)."""
+    if not tracepoints_present():
+        return -1, (f"this kernel ({platform.release()}) has no sock:sock_recv_length or sock_send_length "
+                    f"tracepoint (Linux >= {SINCE[0]}.{SINCE[1]})")
+    try:
+        return offsets((PROTOCOL,))[PROTOCOL], ""
+    except BtfError as exc:
+        return -1, str(exc)
+
+
+FALLBACK = ("they read the socket syscalls' exits instead, which puts every task on the host on the kernel's "
+            "slower syscall path while they run")
+FIX = f"Linux >= {SINCE[0]}.{SINCE[1]} with BTF"
+
+
 @functools.cache
 def layout() -> dict[str, int]:
     """The #defines bpf/common.h builds the socket programs with: SOCK_LAYER 1 on
     the socket layer (with SOCK_PROTOCOL_OFF), 0 on the syscalls."""
-    if not tracepoints_present():
-        why = (f"this kernel ({platform.release()}) has no sock:sock_recv_length or sock_send_length "
-               f"tracepoint (Linux >= {SINCE[0]}.{SINCE[1]})")
-    else:
-        try:
-            return {"SOCK_LAYER": 1, "SOCK_PROTOCOL_OFF": offsets((PROTOCOL,))[PROTOCOL]}
-        except BtfError as exc:
-            why = str(exc)
-    log.warning("http and tls probes: %s; they read the socket syscalls' exits instead, which puts every "
-                "task on the host on the kernel's slower syscall path while they run (fix: Linux >= %d.%d "
-                "with BTF)", why, *SINCE)
+    offset, why = protocol_offset()
+    if offset >= 0:
+        return {"SOCK_LAYER": 1, "SOCK_PROTOCOL_OFF": offset}
+    log.warning("http and tls probes: %s; %s (fix: %s)", why, FALLBACK, FIX)
     return {"SOCK_LAYER": 0}
 
 
