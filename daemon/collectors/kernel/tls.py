@@ -1,6 +1,6 @@
 """TLS per service (bpf/tls.bpf.c): handshakes timed from the TLS records on the
-services' TCP sockets (sockets.py), whatever TLS stack they use; plaintext calls and bytes from
-uprobes on libssl. The library is found in the services' own memory maps each
+services' sockets (sockets.py), whatever TLS stack they use; plaintext calls and
+bytes from uprobes on libssl. The library is found in the services' own memory maps each
 interval and each new one is probed once; the kernel side counts only watched
 tasks. The handshake has one source, the records: libssl's SSL_do_handshake is
 not probed, because it misses handshakes driven from SSL_read (openssl s_server
