@@ -286,20 +286,22 @@ static __always_inline int sock_is_tcp(u64 key)
     return 1;            /* an fd's socket is not seen from its syscall: any stream counts */
 }
 
-/* The syscall's fd (its first argument, x86-64 di; arm64 orig_x0, as x0 holds
- * the return value at the exit) and a flags argument, as the connection's key. */
+/* A connection's key here: the process and the fd. */
 static __always_inline u64 sock_fd_key(u64 fd)
 {
     return (bpf_get_current_pid_tgid() & 0xffffffff00000000ULL) | (u32)fd;
 }
 
-static __always_inline u64 sock_call_fd(void)
+/* The syscall's argument n (0: the fd; recvmsg's flags are its 2nd, recvfrom's
+ * its 3rd), at its exit: x86-64 di, dx, r10; arm64 orig_x0 (x0 holds the return
+ * value by then), x2, x3. */
+static __always_inline u64 sock_call_arg(u32 n)
 {
     struct pt_regs *regs = current_regs();
 #if defined(__x86_64__)
-    return regs->di;
+    return n == 0 ? regs->di : n == 2 ? regs->dx : regs->r10;
 #elif defined(__aarch64__)
-    return regs->orig_x0;
+    return n == 0 ? regs->orig_x0 : regs->regs[n & 3];
 #else
     return 0;
 #endif
@@ -310,23 +312,15 @@ int on_##call##_exit(struct tracepoint__syscalls__sys_exit_##call *args)        
 {                                                                                  \
     if (args->ret < 0 || !maybe_watched(current_tid()))                            \
         return 0;                                                                  \
-    struct sock_io io = {.sk = sock_fd_key(sock_call_fd()), .ret = args->ret, .how = SOCK_NONE}; \
+    struct sock_io io = {.sk = sock_fd_key(sock_call_arg(0)), .ret = args->ret, .how = SOCK_NONE}; \
     body;                                                                          \
     return 0;                                                                      \
 }
-/* recvfrom's flags are its 4th argument (x86-64 r10, arm64 x3), recvmsg's its 3rd. */
-#if defined(__x86_64__)
-#define SOCK_ARG(n) (n == 2 ? current_regs()->dx : current_regs()->r10)
-#elif defined(__aarch64__)
-#define SOCK_ARG(n) (current_regs()->regs[n])
-#else
-#define SOCK_ARG(n) 0
-#endif
 #define SOCK_PROGRAMS                                                              \
 SOCK_EXIT(read, sock_received(&io, args->__syscall_nr))                            \
 SOCK_EXIT(readv, sock_received(&io, args->__syscall_nr))                           \
-SOCK_EXIT(recvfrom, io.flags = SOCK_ARG(3); sock_received(&io, args->__syscall_nr)) \
-SOCK_EXIT(recvmsg, io.flags = SOCK_ARG(2); sock_received(&io, args->__syscall_nr)) \
+SOCK_EXIT(recvfrom, io.flags = sock_call_arg(3); sock_received(&io, args->__syscall_nr)) \
+SOCK_EXIT(recvmsg, io.flags = sock_call_arg(2); sock_received(&io, args->__syscall_nr)) \
 SOCK_EXIT(write, if (io.ret) sock_sent(&io, args->__syscall_nr))                   \
 SOCK_EXIT(writev, if (io.ret) sock_sent(&io, args->__syscall_nr))                  \
 SOCK_EXIT(sendto, if (io.ret) sock_sent(&io, args->__syscall_nr))                  \

@@ -1,5 +1,5 @@
 /* HTTP/1.x per service, without touching the server's code. Connections are
- * tracked per socket, seen at the socket layer (bpf/common.h sock_io_of), so a
+ * tracked per socket, seen at the socket layer (bpf/common.h SOCK_PROGRAMS), so a
  * request read in one thread and answered in another still counts. A TCP
  * connection becomes one when a watched task reads from it bytes that start
  * like a request line (a method: "GET ", "POST"...; a response's "HTTP/" never
@@ -121,7 +121,7 @@ static __always_inline void http_opened(struct sock_io *io)
 /* A read returned on the socket whose connection is c (0: none yet). */
 static __always_inline void http_read_done(struct http_conn *c, struct sock_io *io)
 {
-    if (io->ret < 0 || (io->flags & SOCK_MSG_PEEK))
+    if (io->flags & SOCK_MSG_PEEK)               /* failed reads never get here */
         return;
     if (!c) {
         if (io->ret > 0)
@@ -194,32 +194,32 @@ static __always_inline int http_last_chunk(struct sock_io *io)
     return chunk == HTTP_LAST_CHUNK;
 }
 
-/* A write returned on the socket whose connection is c (0: none). */
-static __always_inline int http_write_done(struct http_conn *c, struct sock_io *io)
+/* A write of some bytes returned on the socket whose connection is c. */
+static __always_inline void http_write_done(struct http_conn *c, struct sock_io *io)
 {
-    if (io->ret <= 0 || !c || c->request_at == 0)
-        return 0;
+    if (c->request_at == 0)
+        return;
     u64 now = bpf_ktime_get_ns();
     if (!c->last_write_at && io->how != SOCK_NONE) {
         int headers_only = 0;
         u32 status = http_status(io, &headers_only);
         if (status == 0) {                       /* not an HTTP/1.x server after all */
             http_conns.delete(&io->sk);
-            return 0;
+            return;
         }
         if (status < 200)                        /* 100 Continue and the like: the answer comes later */
-            return 0;
+            return;
         http_status_add(c->service, status);
         if (status == HTTP_TOO_MANY_REQUESTS || status == HTTP_SERVICE_UNAVAILABLE)
             c->refused = status;
         c->last_write_at = now;
         if (headers_only) {
             c->header_at = now;
-            return 0;
+            return;
         }
     } else if (http_last_chunk(io)) {
         c->last_write_at = now;
-        return 0;
+        return;
     }
     if (!c->first_byte_at) {
         c->first_byte_at = now;
@@ -228,7 +228,6 @@ static __always_inline int http_write_done(struct http_conn *c, struct sock_io *
         hist_add(c->service, SIG_HTTP_WRITE_GAP, 0, now - c->last_write_at);
     }
     c->last_write_at = now;
-    return 0;
 }
 
 /* The tls family reads the same sockets (bpf/tls.bpf.c): one program per

@@ -136,12 +136,11 @@ static __always_inline u32 *tcp_listener_of(u64 sk, u16 sport)
     return tcp_listen_ports.lookup(&k);
 }
 
-/* Owner of a socket seen in softirq: recorded at connect or at an earlier event,
- * else by (namespace, listening port), and then recorded for the next events. */
-static __always_inline struct tcp_owner *tcp_owner_of(u64 sk, u16 sport, u16 dport)
+/* Owner of a socket seen in softirq that passed tcp_maybe_owned: recorded at
+ * connect or at an earlier event, else by (namespace, listening port), and then
+ * recorded for the next events. */
+static __always_inline struct tcp_owner *tcp_owner_found(u64 sk, u16 sport, u16 dport)
 {
-    if (!tcp_maybe_owned(sk, sport))
-        return 0;
     struct tcp_owner *known = tcp_socks.lookup(&sk);
     if (known)
         return known;
@@ -151,6 +150,11 @@ static __always_inline struct tcp_owner *tcp_owner_of(u64 sk, u16 sport, u16 dpo
     struct tcp_owner o = {.service = *service, .peer = tcp_peer_of(*service, dport)};
     tcp_own(sk, &o);
     return tcp_socks.lookup(&sk);
+}
+
+static __always_inline struct tcp_owner *tcp_owner_of(u64 sk, u16 sport, u16 dport)
+{
+    return tcp_maybe_owned(sk, sport) ? tcp_owner_found(sk, sport, dport) : 0;
 }
 
 #if TCP_PORTS_OFF >= 0
@@ -171,7 +175,7 @@ int on_tcp_probe(struct bpf_raw_tracepoint_args *ctx)
     u64 now = bpf_ktime_get_ns();
     if (!last || now - *last < TCP_RTT_EVERY_NS)
         return 0;
-    struct tcp_owner *o = tcp_owner_of(sk, sport, __builtin_bswap16((u16)ports));
+    struct tcp_owner *o = tcp_owner_found(sk, sport, __builtin_bswap16((u16)ports));
     if (!o)
         return 0;
     u32 srtt = 0;                        /* tcp_sock.srtt_us: 8 times the smoothed RTT in us */

@@ -1,7 +1,7 @@
 /* TLS per service, each figure from one source only.
  *
  * Handshakes come from the TLS records themselves as they cross the service's
- * TCP sockets (seen at the socket layer: bpf/common.h sock_io_of), so every TLS
+ * TCP sockets (seen at the socket layer: bpf/common.h SOCK_PROGRAMS), so every TLS
  * stack counts alike: OpenSSL however it is driven (SSL_do_handshake,
  * SSL_accept, or the first SSL_read through a BIO), BoringSSL, Go's crypto/tls,
  * rustls, Java. Each record starts with a 5-byte header (content type, version,
@@ -138,7 +138,7 @@ static __always_inline struct tls_conn *tls_opened(struct sock_io *io, u32 dir)
     return tls_conns.lookup(&io->sk);
 }
 
-/* A read or a write returned on a watched task's socket (bpf/common.h sock_io). */
+/* A read or a write returned on a watched task's socket (bpf/common.h struct sock_io). */
 static __always_inline void tls_io_done(struct sock_io *io, u32 dir)
 {
     if (io->ret <= 0 || io->how == SOCK_NONE || (io->flags & SOCK_MSG_PEEK))
