@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from daemon import config as config_mod
 from daemon.attribution import explain as attribution
 from daemon.collectors.gpu.collector import NvmlCollector
-from daemon.collectors.kernel.collector import KernelCollector
+from daemon.collectors.kernel.collector import RESCAN_S, KernelCollector
 from daemon.collectors.kernel.targeting import Targeting
 from daemon.collectors.service_metrics import ServiceMetricsCollector
 from daemon.control.actuators import for_control
@@ -71,6 +71,8 @@ class Daemon:
         self.stop_event = threading.Event()
         self.reload_requested = False
         self.server: MetricsServer | None = None
+        self.explained: dict = {}       # attribution's last explanations, by service
+        self.explained_span = None      # the RECENT_S span they judged (end // RECENT_S)
         self.shown = self._status(Interval(0.0, 0.0, {}), LoopView())   # until the first tick
 
     @property
@@ -84,7 +86,7 @@ class Daemon:
     @staticmethod
     def _default_collectors(cfg):
         """The service's own metrics, the kernel probes, and the GPUs the services' processes use."""
-        kernel = KernelCollector(list(cfg.probes), cfg.bpf_map_entries)
+        kernel = KernelCollector(list(cfg.probes), cfg.bpf_map_entries, rescan_s=RESCAN_S)
 
         def pids_of(service: str) -> set[int]:
             procs = kernel.targets.get(service)
@@ -196,6 +198,7 @@ class Daemon:
         self.audit.reopen()
         self.recorder.retention_s = new.baseline_retention_days * 86400.0
         self.cfg = new
+        self.explained, self.explained_span = {}, None
         specs = [s.spec for s in new.services]
         for c in self.collectors:
             c.update_services(specs)
@@ -227,13 +230,16 @@ class Daemon:
             built.append(w)
         names = [s.name for s in self.cfg.services]
         interval = Interval(start, end, {name: tuple(self.history[name]) for name in names})
-        explained = attribution.explain_all(interval.history, attribution.call_graph(self.cfg.services),
-                                            now=end)
+        span = math.floor(end / attribution.RECENT_S)
+        if span != self.explained_span:   # each span attribution judges, once, as it ends
+            self.explained = attribution.explain_all(interval.history, attribution.call_graph(self.cfg.services),
+                                                     now=end)
+            self.explained_span = span
         entries = self.control.tick(interval)
         if entries:
             self._save_guards()
         self.sinks.decided(entries)
-        view = self._view(explained)
+        view = self._view(self.explained)
         self.metrics.observe(built, entries, view)
         self.recorder.record(interval, names)
         self.sinks.tick(end)        # after this tick's metrics: a snapshot over OTLP includes it

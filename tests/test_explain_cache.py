@@ -77,7 +77,7 @@ def test_explanations_from_kept_statistics_equal_a_fresh_recompute():
     for t in range(90):
         for s in CALLS:
             history[s] = [w for w in history[s] if w.end > t - HORIZON_S] + [window(rng, s, float(t))]
-        if t < 20 or t % 10 == 0:   # a second skipped: the next call reads its rows afresh
+        if t < 20 or t % 10 == 0 or 50 <= t < 56:   # seconds skipped; after 6, the rows are read afresh
             continue
         kept = explain_all({s: tuple(ws) for s, ws in history.items()}, CALLS, recent_s=RECENT_S,
                            horizon_s=HORIZON_S)
@@ -94,4 +94,4 @@ def test_explanations_from_kept_statistics_equal_a_fresh_recompute():
         assert history["gateway"][0].derived     # kept with the window, not recomputed each time
         compared += 1
         named += sum(bool(e.top_cause) for e in kept.values())
-    assert compared >= 20 and named > 0 and followed > 40, (compared, named, followed)
+    assert compared >= 18 and named > 0 and followed > 40, (compared, named, followed)

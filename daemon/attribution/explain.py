@@ -49,6 +49,8 @@ from __future__ import annotations
 
 import math
 import operator
+from bisect import bisect_right
+from itertools import compress, groupby, repeat
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -71,6 +73,7 @@ MIN_BASELINE_SPANS = 5
 RECENT_S = 2.0           # the span judged: two collection windows at the default 1 s
 HORIZON_S = 300.0        # look-back: a fault stays named until it fills half of it
 SAME_REQUESTS = 0.8       # the kernel's request count within this of the service's own: same requests
+ROWS_KEPT = 4            # windows back a call looks for the jitter rows the last call kept
 BASELINE_SPANS = 60      # the calm spans the baseline is summarised from, latest first
 LOAD_RISE = 0.2          # requests coming this much above the baseline's usual rate are more load
 QUEUES = ("batch_queue_wait",)   # the queueing more load explains
@@ -163,8 +166,8 @@ def timing_source(windows: Sequence[Window]) -> str:
     metrics scrapes (a TLS service's requests are encrypted, its /metrics is not);
     counted over all the windows, as a scrape and a map read never split one
     second the same way."""
-    kernel = sum(_timed(w, "ebpf") for w in windows)
-    own = sum(_timed(w, "service") for w in windows)
+    kernel = sum(map(_timed, windows, repeat("ebpf")))
+    own = sum(map(_timed, windows, repeat("service")))
     return "ebpf" if kernel and kernel >= SAME_REQUESTS * own else "service"
 
 
@@ -196,12 +199,12 @@ class _Stats:
 
 def _timed(w: Window, source: str) -> int:
     """How many requests the window's timing from `source` holds (0 without one)."""
-    known = w.derived
-    key = ("timed", source)
-    if key not in known:
+    try:
+        return w.derived[("timed", source)]
+    except KeyError:
         h = request_timing(w, source)
-        known[key] = h.count if h is not None else 0
-    return known[key]
+        w.derived[("timed", source)] = count = h.count if h is not None else 0
+        return count
 
 
 def _ended(w: Window) -> tuple[float, float | None]:
@@ -250,13 +253,7 @@ class _Split:
 
 def _chunks(windows: list[Window], span_s: float) -> list[list[Window]]:
     """Consecutive windows grouped by end time into spans of span_s (stable from one call to the next)."""
-    out: list[list[Window]] = []
-    for w in windows:
-        if out and math.floor(out[-1][0].end / span_s) == math.floor(w.end / span_s):
-            out[-1].append(w)
-        else:
-            out.append([w])
-    return out
+    return [list(span) for _, span in groupby(windows, lambda w: math.floor(w.end / span_s))]
 
 
 def _split(windows: Sequence[Window], now: float, recent_s: float, horizon_s: float,
@@ -266,11 +263,11 @@ def _split(windows: Sequence[Window], now: float, recent_s: float, horizon_s: fl
     of spans as long as the recent one, summarised by medians over the spans whose
     P50 and P99 are both usual (an earlier fault, or its aftermath, is left out).
     source: "ttft" or "tpot" to split those, else the request timing's."""
-    horizon = [w for w in windows if now - horizon_s < w.end <= now]
+    horizon = _ending_in(windows, now - horizon_s, now)
     source = source or timing_source(horizon)
-    live = [w for w in horizon if _timed(w, source)]
-    recent = [w for w in live if w.end > now - recent_s]
-    older = [w for w in live if w.end <= now - recent_s]
+    live = list(compress(horizon, map(_timed, horizon, repeat(source))))
+    cut = bisect_right(live, now - recent_s, key=operator.attrgetter("end"))
+    recent, older = live[cut:], live[:cut]
     spans = [_stats(c, source) for c in _chunks(older, recent_s)]
     if not recent or len(spans) < MIN_BASELINE_SPANS:
         return None
@@ -282,6 +279,12 @@ def _split(windows: Sequence[Window], now: float, recent_s: float, horizon_s: fl
     calm_p50, calm_p99 = np.array([s.p50 for s in calm]), np.array([s.p99 for s in calm])
     return _Split(_stats(recent, source), calm, live, source, _median(calm_p50),
                   _median(calm_p99), _robust_sd(calm_p99), _robust_sd(calm_p50))
+
+
+def _ending_in(windows: Sequence[Window], after: float, until: float) -> Sequence[Window]:
+    """The windows (oldest first) that ended in (after, until], found by bisection."""
+    end = operator.attrgetter("end")
+    return windows[bisect_right(windows, after, key=end):bisect_right(windows, until, key=end)]
 
 
 def _median(values) -> float:
@@ -452,9 +455,10 @@ class _JitterRows:
 
 
 def _jitter_rows(ws: Sequence[Window], source: str) -> _JitterRows:
-    """The rows of ws, from those kept with its newest window or the one before, else read afresh."""
+    """The rows of ws, from those kept with one of its ROWS_KEPT newest windows (the last
+    call's newest: the daemon explains every RECENT_S), else read afresh."""
     key = ("jitter rows", source)
-    rows = next((w.derived.pop(key) for w in ws[-1:-3:-1] if key in w.derived), None)
+    rows = next((w.derived.pop(key) for w in ws[-1:-1 - ROWS_KEPT:-1] if key in w.derived), None)
     if rows is None or not rows.follow(ws):
         rows = _JitterRows(source)
         for w in ws:
@@ -472,7 +476,8 @@ def _jitter(split: _Split, downstream_windows: Mapping[str, Sequence[Window]]) -
         return (float(y.std()) if len(ws) and np.all(np.isfinite(y)) else 0.0), {}
     columns = rows.in_order()
     for name, dws in downstream_windows.items():
-        by_end = dict(ended for w in dws if (ended := _ended(w))[1] is not None)
+        near = _ending_in(dws, ws[0].end - 0.001, ws[-1].end + 0.001)   # all that round to ws' ends
+        by_end = dict(ended for w in near if (ended := _ended(w))[1] is not None)
         columns[f"downstream:{name}"] = [by_end.get(_ended(w)[0], math.nan) for w in ws]
     names = [c for c, col in columns.items() if np.all(np.isfinite(col)) and np.std(col) > 0]
     if not names:

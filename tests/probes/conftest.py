@@ -83,11 +83,12 @@ def kill_group(p: subprocess.Popen) -> None:
 
 @pytest.fixture
 def kernel(root_only):
-    """kernel(services, families=None, map_entries=None) -> a started KernelCollector, closed at teardown."""
+    """kernel(services, families=None, map_entries=None, rescan_s=0.0) -> a started
+    KernelCollector, closed at teardown."""
     made = []
 
-    def start(services, families=None, map_entries=None):
-        c = KernelCollector(families, map_entries)
+    def start(services, families=None, map_entries=None, rescan_s=0.0):
+        c = KernelCollector(families, map_entries, rescan_s)
         made.append(c)
         c.start(services)
         assert c.up, c.start_error

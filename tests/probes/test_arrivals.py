@@ -1,7 +1,8 @@
 """A service started after the collector is counted from its first request: its
 process is watched as it execs (bpf/targeting.bpf.c, arrivals.py), not at the
 rescan that ends the interval it started in, which used to lose that interval.
-The Go server starts its threads at once, before slotune can see them."""
+The Go server starts its threads at once, before slotune can see them. Between
+the daemon's rescans (every RESCAN_S) the exec watch alone finds it."""
 import urllib.request
 
 from daemon.model.service import ServiceSpec
@@ -21,6 +22,19 @@ def test_a_server_started_after_the_collector_counts_from_its_first_request(kern
         assert urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10).read() == b"ok\n"
     first = collected(collector)["web"]
     assert hist(first.histograms, ("http_request", "")).count == REQUESTS
+
+
+def test_between_rescans_the_exec_watch_alone_finds_a_new_server(kernel, spawn, tag):
+    collector = kernel([ServiceSpec("web", cmdline=f"http_server.py {tag}")], ["http"], rescan_s=3600.0)
+    scanned = collector.scanned_at
+    collected(collector)
+    server = spawn("http_server", tag, 0.0)
+    port = int(server.stdout.readline())
+    for _ in range(REQUESTS):
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10).read() == b"ok\n"
+    second = collected(collector)["web"]
+    assert collector.scanned_at == scanned            # no rescan since the start's
+    assert hist(second.histograms, ("http_request", "")).count == REQUESTS
 
 
 def test_a_go_server_started_after_the_collector_counts_every_handshake(kernel, started, tmp_path):

@@ -5,8 +5,10 @@ its last value (its deltas come with the next interval that reads it), each kind
 of failure is logged once. Inserts a full map refused, the kernel's and its own
 into `watched`, are counted in slotune_bpf_map_full_total{map}. A program a
 service starts is watched as it execs (arrivals.py: a thread, which takes the
-collector's lock in turn with the rescan). close() detaches everything and is
-idempotent."""
+collector's lock in turn with the rescan). The daemon's rescan of /proc runs every
+rescan_s while that thread runs (exec and fork are caught in the kernel; a port
+finder, exited tasks and late libraries wait for it), every collect() without it.
+close() detaches everything and is idempotent."""
 from __future__ import annotations
 
 import ctypes
@@ -27,12 +29,15 @@ from daemon.collectors.kernel.targeting import ServiceProcesses, Targeting, thre
 
 log = logging.getLogger(__name__)
 
+RESCAN_S = 5.0    # the daemon's rescan of /proc while the exec watch runs
+
 
 class KernelCollector:
     """Collector protocol (daemon/collectors/base.py) over the bpf/ programs."""
     name = "kernel"
 
-    def __init__(self, families: list[str] | None = None, map_entries: dict[str, int] | None = None):
+    def __init__(self, families: list[str] | None = None, map_entries: dict[str, int] | None = None,
+                 rescan_s: float = 0.0):
         self.families = make_families(families)
         self.map_entries = {**MAP_ENTRIES, **(map_entries or {})}   # map name -> entries
         self.map_full = MapFull(self.map_entries)
@@ -48,6 +53,8 @@ class KernelCollector:
         self.lock = threading.RLock()             # the rescan and adopt() change `watched` in turn
         self.arrivals: Arrivals | None = None
         self.adopt_spent = 0.0                    # seconds adopt() matched since the last rescan
+        self.rescan_s = rescan_s                  # least time between collect()'s rescans, with the exec watch
+        self.scanned_at = -float("inf")           # time.monotonic() of the last rescan
 
     @property
     def up(self) -> bool:
@@ -99,6 +106,7 @@ class KernelCollector:
         with self.lock:
             self._refresh()
             self.adopt_spent = 0.0
+            self.scanned_at = time.monotonic()
 
     def _refresh(self) -> None:
         self.targets = self.targeting.scan()
@@ -177,7 +185,8 @@ class KernelCollector:
         samples = self._try("samples", [], self.samples, start, end, self.last, now)
         self.last = now
         self._try("map_full read", None, lambda: self.map_full.kernel(self.program.map_full()))
-        self._try("refresh", None, self.refresh)
+        if self.arrivals is None or time.monotonic() - self.scanned_at >= self.rescan_s:
+            self._try("refresh", None, self.refresh)
         return samples
 
     def _read(self) -> tuple[dict, dict, dict]:
