@@ -1,8 +1,9 @@
 """The daemon's own cost: CPU and RSS of `slotune run` (all probe families
 loaded) idle and while the reference stack serves load, side by side with the
 stack's own CPU; the stack's closed-loop throughput and P99 with the daemon
-attached and without, alternating rounds; and the daemon's RSS over a longer
-run (is it flat?). Beside RSS, the daemon's unique memory (USS: pages no other
+attached and without, alternating rounds; and over a longer run, the daemon's
+RSS (is it flat?) and its CPU once attribution's 300 s horizon is full (the
+phases before see only the first minute of history). Beside RSS, the daemon's unique memory (USS: pages no other
 process maps) and how many other processes mapped the BPF compiler meanwhile
 (a bcc tool, another slotune): the libraries both map count in both RSSes.
 Shortest useful run (~65 s): --idle-s 10 --load-s 20 --rounds 0.
@@ -26,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from daemon.attribution.explain import HORIZON_S
 from daemon.process import HISTORY_S
 from daemon.demo.stack_config import for_reference_stack
 from reference_stack import launcher, loadgen
@@ -128,7 +130,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=4, help="throughput rounds with the daemon off and on")
     ap.add_argument("--round-s", type=float, default=10.0)
     ap.add_argument("--clients", type=int, default=16, help="closed-loop clients in the throughput rounds")
-    ap.add_argument("--long-s", type=float, default=0.0, help="then sample the daemon's RSS this long (600 = 10 min)")
+    ap.add_argument("--long-s", type=float, default=0.0,
+                    help="then the daemon's RSS, and its CPU once the attribution horizon is full, over this long "
+                         "under load (420 = 7 min)")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="slotune-footprint-"))
     cfg = launcher.StackConfig.on_free_ports(work / "stack")
@@ -173,20 +177,27 @@ def main(argv=None) -> int:
             daemon = start_daemon(work, port)
             dproc = psutil.Process(daemon.pid)
         if args.long_s > 0:
-            samples = []
-            t0 = time.monotonic()
-            loader = threading.Thread(target=loadgen.run_load, args=(state["query_url"], args.rate / 2, args.long_s))
+            samples = []    # (seconds in, daemon RSS MiB, daemon CPU s, stack CPU s), every 10 s
+            loader = threading.Thread(target=loadgen.run_load, args=(state["query_url"], args.rate, args.long_s))
             loader.start()
+            t0 = time.monotonic()
             while time.monotonic() - t0 < args.long_s:
-                samples.append(dproc.memory_info().rss / 2**20)
+                samples.append((time.monotonic() - t0, dproc.memory_info().rss / 2**20,
+                                cpu_seconds([dproc]), cpu_seconds(stack)))
                 time.sleep(10.0)
             loader.join()
-            print(f"RSS over {args.long_s:.0f} s at {args.rate / 2:.0f} q/s, every 60 s (MiB): "
-                  + " ".join(f"{v:.0f}" for v in samples[::6]))
-            full = samples[int(HISTORY_S / 10):]   # once the daemon's window history is full
+            print(f"RSS over {args.long_s:.0f} s at {args.rate:.0f} q/s, every 60 s (MiB): "
+                  + " ".join(f"{s[1]:.0f}" for s in samples[::6]))
+            full = [s for s in samples if s[0] >= HISTORY_S]   # once the daemon's window history is full
             if len(full) > 1:
-                print(f"after the {HISTORY_S:.0f} s window history filled: {full[0]:.1f} -> {full[-1]:.1f} MiB "
-                      f"({full[-1] - full[0]:+.1f} MiB over {10 * (len(full) - 1)} s)")
+                print(f"after the {HISTORY_S:.0f} s window history filled: {full[0][1]:.1f} -> {full[-1][1]:.1f} MiB "
+                      f"({full[-1][1] - full[0][1]:+.1f} MiB over {full[-1][0] - full[0][0]:.0f} s)")
+            steady = [s for s in samples if s[0] >= HORIZON_S]   # attribution reads its whole horizon
+            if len(steady) > 1:
+                dt = steady[-1][0] - steady[0][0]
+                print(f"CPU once attribution's {HORIZON_S:.0f} s horizon was full ({dt:.0f} s): daemon "
+                      f"{100 * (steady[-1][2] - steady[0][2]) / dt:.2f} %, stack "
+                      f"{100 * (steady[-1][3] - steady[0][3]) / dt:.1f} %")
     finally:
         stop_daemon(daemon)
         launcher.stop(cfg.run_dir)

@@ -6,14 +6,18 @@ server; slotune's `http` family alone; all families loaded but watching nothing
 (the cost to the host's other tenants); and the anchor, a bpftrace
 syscall-latency histogram for the server's pid. Each traced run is compared
 with the mean of the untraced runs on either side of it; the figures are
-medians over the rounds with their range, the server's CPU per request, and
-(--bpf-stats) the kernel's own run time of each slotune program per request.
+medians over the rounds with their range and a 95 % bootstrap interval of the
+median, the server's CPU per request, and (--bpf-stats) the kernel's own run
+time of each slotune program per request. --targets keeps only what the
+issue's targets compare (watching nginx, watching nothing, bpftrace) and an A/A
+run, for many short rounds.
 --sched-pipe adds a context-switch-heavy process slotune does not watch
 (`perf bench sched pipe`), beside bpftrace's runqlat; --empty adds empty
 programs on slotune's attach points, what attaching there costs alone.
 
     python -m bench.server_overhead [--rounds 5] [--seconds 5] [--handler static|sleep|both]
-                                    [--gateway] [--sched-pipe] [--empty] [--bpf-stats] [--compare TREE]"""
+                                    [--gateway] [--sched-pipe] [--empty] [--targets] [--bpf-stats]
+                                    [--compare TREE]"""
 from __future__ import annotations
 
 import argparse
@@ -32,6 +36,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from bench.probe_overhead import EmptyPrograms, all_attach_points, empty
 from daemon.collectors.kernel import KernelCollector
@@ -320,14 +326,22 @@ def alternate(target: Target, tracers: list[Tracer], rounds: int) -> dict[str, l
     return out
 
 
+def median_ci(values: list[float], resamples: int = 4000) -> tuple[float, float]:
+    """A 95 % bootstrap interval of the median (rounds resampled with replacement): how
+    far the median of this many rounds could sit from the one a longer run would give."""
+    rng = np.random.default_rng(0)
+    medians = np.median(rng.choice(np.asarray(values), size=(resamples, len(values))), axis=1)
+    return float(np.quantile(medians, 0.025)), float(np.quantile(medians, 0.975))
+
+
 def report(title: str, results: dict, seconds: float, unit: str = "req") -> list[str]:
     """The table of one server: ratios, rates and CPU per request (or per `unit`), then
     the BPF run time per program of the variants that read it (divided by the requests of `seconds`)."""
-    lines = [f"\n{title}", f"{'variant':<52} {f'{unit}/s vs untraced':>18} {'[min-max]':>13} "
+    lines = [f"\n{title}", f"{'variant':<52} {f'{unit}/s vs untraced':>18} {'[min-max]':>13} {'95% CI':>13} "
                            f"{f'{unit}/s':>8} {f'CPU µs/{unit}':>11} {f'kept by CPU/{unit}':>16} {'[min-max]':>13}"]
     base_rps = [b.rps for runs in results.values() for triple in runs for b in (triple[0], triple[2])]
     base_cpu = [b.cpu_us for runs in results.values() for triple in runs for b in (triple[0], triple[2])]
-    lines.append(f"{'no tracing':<52} {'1.00':>18} {'':>13} {statistics.median(base_rps):>8.0f} "
+    lines.append(f"{'no tracing':<52} {'1.00':>18} {'':>13} {'':>13} {statistics.median(base_rps):>8.0f} "
                  f"{statistics.median(base_cpu):>11.1f} {'1.00':>16}")
     for name, runs in results.items():
         if not runs:
@@ -337,7 +351,9 @@ def report(title: str, results: dict, seconds: float, unit: str = "req") -> list
         # (its neighbours' mean) over traced: a second estimate beside req/s.
         kept = [((b.cpu_us + a.cpu_us) / 2) / run.cpu_us for b, run, a in runs]
         cpu = statistics.median(run.cpu_us for _, run, _ in runs)
+        lo, hi = median_ci(rel)
         lines.append(f"{name:<52} {statistics.median(rel):>18.2f} {f'[{min(rel):.2f}-{max(rel):.2f}]':>13} "
+                     f"{f'[{lo:.3f}-{hi:.3f}]':>13} "
                      f"{statistics.median(r.rps for _, r, _ in runs):>8.0f} {cpu:>11.1f} "
                      f"{statistics.median(kept):>16.2f} {f'[{min(kept):.2f}-{max(kept):.2f}]':>13}")
     for name, runs in results.items():
@@ -374,14 +390,17 @@ def nginx_rounds(args, work: Path) -> list[str]:
                 rps = wrk(url, args.seconds, client_cpu)
                 return rps, 1e6 * (cpu_s(nginx.worker) - c0) / (rps * args.seconds)
 
+            aa = Empty("nothing attached (A/A: the method's own spread)", [])
             tracers = [Slotune("slotune, all families, watching nginx", None, True, args.bpf_stats),
-                       Slotune("slotune, http only, watching nginx", ["http"], True, args.bpf_stats),
                        Slotune("slotune, all families, watching nothing", None, False, args.bpf_stats),
                        Bpftrace()]
-            tracers += [OtherTree(tree) for tree in args.compare]
-            if args.empty:
-                tracers += [Empty("nothing attached (A/A: the method's own spread)", []),
-                            Empty("empty programs on all of slotune's attach points", all_attach_points())]
+            if args.targets:       # what the targets compare, and the yardstick
+                tracers.append(aa)
+            else:
+                tracers.insert(1, Slotune("slotune, http only, watching nginx", ["http"], True, args.bpf_stats))
+                tracers += [OtherTree(tree) for tree in args.compare]
+                if args.empty:
+                    tracers += [aa, Empty("empty programs on all of slotune's attach points", all_attach_points())]
             try:
                 results = alternate(Target(spec, nginx.worker, nginx.port, measure), tracers, args.rounds)
             finally:
@@ -475,6 +494,9 @@ def main(argv=None) -> int:
                          "of an earlier commit); nginx only")
     ap.add_argument("--empty", action="store_true",
                     help="also empty programs on slotune's attach points: what attaching there costs alone")
+    ap.add_argument("--targets", action="store_true",
+                    help="nginx only with the variants the targets name (watching nginx, watching nothing, "
+                         "bpftrace) and the A/A run: for many short rounds")
     ap.add_argument("--bpf-stats", action="store_true",
                     help="kernel per-program run time (sysctl kernel.bpf_stats_enabled=1 while it runs)")
     args = ap.parse_args(argv)
