@@ -1,7 +1,7 @@
 """Attribution keeps what it works out of each window with the window
 (Window.derived), so a window's statistics are computed once, not every second,
-and the jitter regression's rows are handed from one call's newest window to the
-next call, which adds the new windows and drops the old: explain_all over a
+and the jitter regression's rows and the baseline's spans are handed from one
+call to the next, which adds the new windows and drops the old: explain_all over a
 sliding history, window objects reused from call to call (every second, with
 seconds skipped and seconds without requests), must give every field, to the
 bit, that it gives on fresh copies of the same windows, where nothing was kept."""
@@ -73,7 +73,7 @@ def test_explanations_from_kept_statistics_equal_a_fresh_recompute():
     rng = random.Random(21)
     history = {s: [] for s in CALLS}
     compared = named = followed = 0
-    handed = None
+    handed, chunks_kept, spans_followed = None, [], 0
     for t in range(90):
         for s in CALLS:
             history[s] = [w for w in history[s] if w.end > t - HORIZON_S] + [window(rng, s, float(t))]
@@ -84,6 +84,9 @@ def test_explanations_from_kept_statistics_equal_a_fresh_recompute():
         rows = history["gateway"][-1].derived[("jitter rows", "service")]
         followed += rows is handed
         handed = rows
+        chunks, _ = history["gateway"][-3].derived[("spans", "service", RECENT_S)]   # the last before the recent 2
+        spans_followed += any(c is k for c in chunks[:-1] for k in chunks_kept)
+        chunks_kept = chunks
         if t % 3:
             continue
         again = explain_all({s: tuple(ws) for s, ws in history.items()}, CALLS, recent_s=RECENT_S,
@@ -94,4 +97,5 @@ def test_explanations_from_kept_statistics_equal_a_fresh_recompute():
         assert history["gateway"][0].derived     # kept with the window, not recomputed each time
         compared += 1
         named += sum(bool(e.top_cause) for e in kept.values())
-    assert compared >= 18 and named > 0 and followed > 40, (compared, named, followed)
+    assert compared >= 18 and named > 0 and followed > 40 and spans_followed > 40, \
+        (compared, named, followed, spans_followed)

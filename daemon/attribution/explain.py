@@ -194,7 +194,9 @@ class _Stats:
 # changes once built): (id of a span's last window, windows, source) -> that span's _Stats,
 # where the window is the span's first (windows leave the history oldest first, so its last
 # lives as long); ("timed", source) -> requests timed; "ended" -> when it ended and its P99;
-# ("jitter rows", source) -> the _JitterRows of the horizon it was the newest window of.
+# ("jitter rows", source) -> the _JitterRows of the horizon it was the newest window of;
+# ("spans", source, span_s) -> the baseline's chunks and their _Stats, when it was the last
+# window before the recent span.
 
 
 def _timed(w: Window, source: str) -> int:
@@ -256,6 +258,47 @@ def _chunks(windows: list[Window], span_s: float) -> list[list[Window]]:
     return [list(span) for _, span in groupby(windows, lambda w: math.floor(w.end / span_s))]
 
 
+def _spans(older: list[Window], source: str, span_s: float) -> list[_Stats]:
+    """_stats of each of older's _chunks. The chunks are kept with older's last window and
+    handed to the next call (its older windows are these, less some at the front, and
+    more at the back), which looks up again only the spans whose windows changed."""
+    if not older:
+        return []
+    key = ("spans", source, span_s)
+    kept = next((w.derived.pop(key) for w in older[-1:-1 - ROWS_KEPT:-1] if key in w.derived), None)
+    chunks = _follow_chunks(kept[0], older, span_s) if kept else None
+    if chunks is None:
+        chunks = _chunks(older, span_s)
+        stats = [_stats(c, source) for c in chunks]
+    else:   # a chunk kept as it was is the same list (alive in `kept`: its id is its own)
+        known = {id(c): st for c, st in zip(*kept)}
+        stats = [known.get(id(c)) or _stats(c, source) for c in chunks]
+    older[-1].derived[key] = (chunks, stats)
+    return stats
+
+
+def _follow_chunks(kept: list[list[Window]], older: list[Window], span_s: float) -> list[list[Window]] | None:
+    """older's _chunks from the chunks of an earlier older (None: older does not continue it).
+    Chunks whose windows are unchanged are the same list objects."""
+    flat = [w for c in kept for w in c]
+    last = next((i for i in range(len(older) - 1, -1, -1) if older[i] is flat[-1]), None)
+    if last is None or last + 1 > len(flat) or not all(map(operator.is_, flat[len(flat) - last - 1:],
+                                                              older[:last + 1])):
+        return None
+    gone = len(flat) - last - 1                  # windows that left at the front
+    chunks = list(kept)
+    while chunks and gone >= len(chunks[0]):
+        gone -= len(chunks.pop(0))
+    if gone:
+        chunks[0] = chunks[0][gone:]
+    for w in older[last + 1:]:
+        if chunks and math.floor(chunks[-1][0].end / span_s) == math.floor(w.end / span_s):
+            chunks[-1] = chunks[-1] + [w]
+        else:
+            chunks.append([w])
+    return chunks
+
+
 def _split(windows: Sequence[Window], now: float, recent_s: float, horizon_s: float,
            source: str = "") -> _Split | None:
     """Quantiles of a few windows are compared with quantiles of as many windows
@@ -268,7 +311,7 @@ def _split(windows: Sequence[Window], now: float, recent_s: float, horizon_s: fl
     live = list(compress(horizon, map(_timed, horizon, repeat(source))))
     cut = bisect_right(live, now - recent_s, key=operator.attrgetter("end"))
     recent, older = live[cut:], live[:cut]
-    spans = [_stats(c, source) for c in _chunks(older, recent_s)]
+    spans = _spans(older, source, recent_s)
     if not recent or len(spans) < MIN_BASELINE_SPANS:
         return None
     p50, p99 = np.array([s.p50 for s in spans]), np.array([s.p99 for s in spans])
@@ -479,10 +522,13 @@ def _jitter(split: _Split, downstream_windows: Mapping[str, Sequence[Window]]) -
         near = _ending_in(dws, ws[0].end - 0.001, ws[-1].end + 0.001)   # all that round to ws' ends
         by_end = dict(ended for w in near if (ended := _ended(w))[1] is not None)
         columns[f"downstream:{name}"] = [by_end.get(_ended(w)[0], math.nan) for w in ws]
-    names = [c for c, col in columns.items() if np.all(np.isfinite(col)) and np.std(col) > 0]
+    table = np.array(list(columns.values()), dtype=float).reshape(len(columns), len(ws))   # a row per cause
+    varies = np.isfinite(table).all(axis=1)
+    varies[varies] = table[varies].std(axis=1) > 0
+    names = list(compress(columns, varies))
     if not names:
         return float(y.std()), {}
-    x = np.array([columns[c] for c in names]).T
+    x = table[varies].T
     xc, yc = x - x.mean(axis=0), y - y.mean()
     beta, _ = nnls(xc, yc)
     var = float(yc @ yc)
