@@ -6,9 +6,9 @@ of failure is logged once. Inserts a full map refused, the kernel's and its own
 into `watched`, are counted in slotune_bpf_map_full_total{map}. A program a
 service starts is watched as it execs (arrivals.py: a thread, which takes the
 collector's lock in turn with the rescan). The daemon's rescan of /proc runs every
-rescan_s while that thread runs (exec and fork are caught in the kernel; a port
-finder, exited tasks and late libraries wait for it), every collect() without it.
-close() detaches everything and is idempotent."""
+rescan_s while that thread runs (exec, fork and exit are caught in the kernel; a
+port finder, the process list the GPU collector reads and late libraries wait for
+it), every collect() without it. close() detaches everything and is idempotent."""
 from __future__ import annotations
 
 import ctypes
