@@ -50,8 +50,8 @@ from __future__ import annotations
 import math
 import operator
 from bisect import bisect_right
-from itertools import compress, groupby, repeat
 from dataclasses import dataclass, field
+from itertools import compress, groupby, repeat
 from typing import Mapping, Sequence
 
 import numpy as np
