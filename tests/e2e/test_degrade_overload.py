@@ -95,7 +95,7 @@ def test_the_dimmer_answers_an_overload_step_degraded_where_the_throttle_alone_r
     assert refused_alone >= 0.1 * half, f"the throttle alone refused only {refused_alone} of {half} late in the step"
     assert late_refusals(records) <= refused_alone / 2, (late_refusals(records), refused_alone,
                                                          [t[2:] for t in trace], [t[2:] for t in trace_alone])
-    # degrading is what took the refusals' place: a sixth of the run at least (0.18 to 0.46 in ten
+    # degrading is what took the refusals' place: a sixth of the run at least (0.18 to 0.46 in nine
     # runs on 2026-12-03, the low one a clean-clone CI run; the step's first seconds come before
     # any tuner acts, and how many they are moves with the capacity measured on a shared host)
     assert outcomes.count("degraded") >= 0.15 * len(outcomes), f"the dimmer degraded {outcomes.count('degraded')}"
