@@ -36,8 +36,9 @@
  * socket layer returns: a write counts once the kernel has its bytes. A write
  * without a user buffer (sendfile: one per socket send, so a large file is
  * several) is body bytes.
- * Only a response's first write reads its bytes (12 at the start, 4 at the end),
- * and a 5-byte write or a one-iovec writev() 5 more. */
+ * Only a response's first write reads its bytes (its status line and where its
+ * header block ends: one read of a short first segment, see HTTP_HEAD_READ), and
+ * a 5-byte write or a one-iovec writev() 5 more. */
 
 #define HTTP_STATUS_LINE 12              /* "HTTP/1.1 200" */
 #define HTTP_HEADER_END 0x0a0d0a0d       /* "\r\n\r\n" read as a little-endian u32 */
@@ -161,23 +162,65 @@ static __always_inline void http_segments(struct sock_io *io, u64 first[2], u64 
     bpf_probe_read_user(last, 2 * sizeof(u64), (void *)(io->buf + (len - 1) * 2 * sizeof(u64)));
 }
 
+/* A response's first write is read for its status line and whether it ends with
+ * the header block. A user read costs ~0.1-0.2 us here whatever its size
+ * (bench.server_overhead --bpf-stats), more than its copy, so a first segment
+ * shorter than HTTP_HEAD_READ (a header block, a small response) is read whole,
+ * once, into a per-CPU buffer: its start is the status line, and its end says
+ * the rest. A write whose first segment ends with the header block and that sent
+ * more (nginx's writev of header and body) holds body bytes: its last segment is
+ * not read. */
+#define HTTP_HEAD_READ 1024
+struct http_head {
+    char bytes[HTTP_HEAD_READ + 4];      /* + 4: the end is read at a masked offset */
+};
+BPF_PERCPU_ARRAY(http_heads, struct http_head, 1);
+
+/* The status line (HTTP_STATUS_LINE bytes) of a response's first write into line,
+ * and in *headers_only whether the write ends with the header block; -1 when its
+ * bytes could not be read. */
+static __always_inline int http_head(struct sock_io *io, char line[HTTP_STATUS_LINE], int *headers_only)
+{
+    u64 first[2] = {}, last[2] = {};
+    http_segments(io, first, last);
+    if (first[1] < HTTP_STATUS_LINE)
+        return -1;
+    u32 end = 0;
+    if (first[1] < HTTP_HEAD_READ) {
+        u32 zero = 0;
+        struct http_head *h = http_heads.lookup(&zero);
+        u32 len = first[1] & (HTTP_HEAD_READ - 1);
+        if (!h || bpf_probe_read_user(h->bytes, len, (void *)first[0]))
+            return -1;
+        __builtin_memcpy(line, h->bytes, HTTP_STATUS_LINE);
+        u32 sent = (u64)io->ret < len ? (u32)io->ret : len;          /* of this segment */
+        if (sent >= 4)
+            __builtin_memcpy(&end, &h->bytes[(sent - 4) & (HTTP_HEAD_READ - 1)], sizeof(end));
+        if ((u64)io->ret <= len || end == HTTP_HEADER_END) {         /* the write ends here, or body follows */
+            *headers_only = (u64)io->ret <= len && end == HTTP_HEADER_END;
+            return 0;
+        }
+        end = 0;
+    } else if (bpf_probe_read_user(line, HTTP_STATUS_LINE, (void *)first[0])) {
+        return -1;
+    }
+    if (last[1] >= 4)
+        bpf_probe_read_user(&end, sizeof(end), (void *)(last[0] + last[1] - 4));
+    *headers_only = end == HTTP_HEADER_END;
+    return 0;
+}
+
 /* A response's first write: its status code (100 to 599), or 0 if it is no
  * HTTP/1.x status line; *headers_only when the write ends with the header block. */
 static __always_inline u32 http_status(struct sock_io *io, int *headers_only)
 {
-    u64 first[2] = {}, last[2] = {};
-    http_segments(io, first, last);
     char line[HTTP_STATUS_LINE] = {};
-    if (first[1] < HTTP_STATUS_LINE || bpf_probe_read_user(line, sizeof(line), (void *)first[0]))
+    if (http_head(io, line, headers_only))
         return 0;
     if (line[0] != 'H' || line[1] != 'T' || line[2] != 'T' || line[3] != 'P' || line[4] != '/'
         || line[5] != '1' || line[6] != '.' || line[8] != ' ' || line[9] < '1' || line[9] > '5'
         || line[10] < '0' || line[10] > '9' || line[11] < '0' || line[11] > '9')
         return 0;
-    u32 end = 0;
-    if (last[1] >= 4)
-        bpf_probe_read_user(&end, sizeof(end), (void *)(last[0] + last[1] - 4));
-    *headers_only = end == HTTP_HEADER_END;
     return (line[9] - '0') * 100 + (line[10] - '0') * 10 + (line[11] - '0');
 }
 
@@ -194,12 +237,16 @@ static __always_inline int http_last_chunk(struct sock_io *io)
     return chunk == HTTP_LAST_CHUNK;
 }
 
-/* A write of some bytes returned on the socket whose connection is c. */
-static __always_inline void http_write_done(struct http_conn *c, struct sock_io *io)
+/* A write of some bytes returned on the socket whose connection is c, in syscall
+ * nr. Only a response's first write and a 5-byte one (the chunked terminator?)
+ * need to know where its bytes are. */
+static __always_inline void http_write_done(struct http_conn *c, struct sock_io *io, long nr)
 {
     if (c->request_at == 0)
         return;
     u64 now = bpf_ktime_get_ns();
+    if (!c->last_write_at || io->ret == 5)
+        sock_locate(io, nr);
     if (!c->last_write_at && io->how != SOCK_NONE) {
         int headers_only = 0;
         u32 status = http_status(io, &headers_only);
@@ -252,12 +299,15 @@ static __always_inline void sock_received(struct sock_io *io, long nr)
 
 static __always_inline void sock_sent(struct sock_io *io, long nr)
 {
-    sock_locate(io, nr);
     struct http_conn *c = http_conns.lookup(&io->sk);
-    if (c)
-        http_write_done(c, io);
-    else
-        TLS_ALSO(tls_io_done(io, TLS_WRITE));
+    if (c) {
+        http_write_done(c, io, nr);
+        return;
+    }
+#ifdef FAMILY_TLS
+    sock_locate(io, nr);
+    tls_io_done(io, TLS_WRITE);
+#endif
 }
 
 /* The connection's end, in whatever task or softirq frees the socket: its
