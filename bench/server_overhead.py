@@ -10,7 +10,8 @@ medians over the rounds with their range and a 95 % bootstrap interval of the
 median, the server's CPU per request, and (--bpf-stats) the kernel's own run
 time of each slotune program per request. --targets keeps only what the
 issue's targets compare (watching nginx, watching nothing, bpftrace) and an A/A
-run, for many short rounds.
+run, for many short rounds; --compare TREE adds the slotune of another checkout
+(an earlier commit) side by side.
 --sched-pipe adds a context-switch-heavy process slotune does not watch
 (`perf bench sched pipe`), beside bpftrace's runqlat; --empty adds empty
 programs on slotune's attach points, what attaching there costs alone.
@@ -398,9 +399,9 @@ def nginx_rounds(args, work: Path) -> list[str]:
                 tracers.append(aa)
             else:
                 tracers.insert(1, Slotune("slotune, http only, watching nginx", ["http"], True, args.bpf_stats))
-                tracers += [OtherTree(tree) for tree in args.compare]
                 if args.empty:
                     tracers += [aa, Empty("empty programs on all of slotune's attach points", all_attach_points())]
+            tracers += [OtherTree(tree) for tree in args.compare]
             try:
                 results = alternate(Target(spec, nginx.worker, nginx.port, measure), tracers, args.rounds)
             finally:
