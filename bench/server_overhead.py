@@ -141,7 +141,7 @@ def wrk(url: str, seconds: float, cpu: int | None) -> float:
 class Run:
     rps: float
     cpu_us: float                       # server CPU per request, µs
-    bpf_ns: dict = field(default_factory=dict)   # slotune program -> BPF run time ns per request
+    bpf_ns: dict = field(default_factory=dict)   # BPF program -> run time ns in the run ("<name> runs": runs)
 
 
 class Tracer:
@@ -151,15 +151,14 @@ class Tracer:
     def start(self, target: "Target") -> None: ...
     def stop(self) -> None: ...
     def close(self) -> None: ...
-    def bpf_ns(self) -> dict: return {}
 
 
 class Slotune(Tracer):
     """A KernelCollector as the daemon runs it, collect() every second in a thread.
     Compiled once; between its runs its probes are detached (the maps stay)."""
 
-    def __init__(self, name: str, families: list[str] | None, watch: bool, stats: bool):
-        self.name, self.families, self.watch, self.stats = name, families, watch, stats
+    def __init__(self, name: str, families: list[str] | None, watch: bool):
+        self.name, self.families, self.watch = name, families, watch
         self.collector, self.detached = None, []
 
     def start(self, target):
@@ -176,20 +175,12 @@ class Slotune(Tracer):
         self.halt = threading.Event()
         self.ticker = threading.Thread(target=self._tick, daemon=True)
         self.ticker.start()
-        self.before = program_stats(self.collector) if self.stats else {}
 
     def _tick(self):
         i = 0
         while not self.halt.wait(1.0):
             self.collector.collect(float(i), float(i + 1))
             i += 1
-
-    def bpf_ns(self):
-        if not self.stats:
-            return {}
-        after = program_stats(self.collector)
-        return {fn: after[fn][0] - self.before.get(fn, (0, 0))[0] for fn in after} | \
-            {f"{fn} runs": after[fn][1] - self.before.get(fn, (0, 0))[1] for fn in after}
 
     def stop(self):
         self.halt.set()
@@ -281,19 +272,25 @@ class Empty(Tracer):
             self.programs.bpf.cleanup()
 
 
-def program_stats(collector) -> dict[str, tuple[int, int]]:
-    """fn -> (run_time_ns, run_cnt) of the collector's programs (kernel.bpf_stats_enabled)."""
-    ids = {}
-    for name, fn in collector.program.bpf.funcs.items():
-        info = Path(f"/proc/self/fdinfo/{fn.fd}").read_text()
-        for line in info.splitlines():
-            if line.startswith("prog_id:"):
-                ids[int(line.split()[1])] = name.decode() if isinstance(name, bytes) else name
-    out = {}
+def program_runs() -> dict[str, tuple[int, int]]:
+    """name -> (run_time_ns, run_cnt) summed over every BPF program loaded on the host
+    (kernel.bpf_stats_enabled): any variant's, slotune's, another checkout's or bpftrace's."""
+    out: dict[str, tuple[int, int]] = {}
     for p in json.loads(subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True,
                                        text=True, check=True).stdout):
-        if p["id"] in ids:
-            out[ids[p["id"]]] = (p.get("run_time_ns", 0), p.get("run_cnt", 0))
+        name = p.get("name") or f"id {p['id']}"
+        t, n = out.get(name, (0, 0))
+        out[name] = (t + p.get("run_time_ns", 0), n + p.get("run_cnt", 0))
+    return out
+
+
+def runs_between(before: dict, after: dict) -> dict:
+    """The run time and runs of the programs that ran between two program_runs()."""
+    out = {}
+    for name, (t, n) in after.items():
+        t0, n0 = before.get(name, (0, 0))
+        if n > n0:
+            out[name], out[f"{name} runs"] = t - t0, n - n0
     return out
 
 
@@ -306,9 +303,10 @@ class Target:
     measure: object                     # () -> (requests/s, server CPU µs per request)
 
 
-def alternate(target: Target, tracers: list[Tracer], rounds: int) -> dict[str, list[Run]]:
+def alternate(target: Target, tracers: list[Tracer], rounds: int, stats: bool = False) -> dict[str, list[Run]]:
     """Per round: untraced, tracer 1, untraced, tracer 2, ..., untraced (the order of the
-    tracers rotates each round). Each traced run is kept with the untraced runs beside it."""
+    tracers rotates each round). Each traced run is kept with the untraced runs beside it,
+    and with `stats` the BPF programs' run time in it."""
     out: dict[str, list[tuple[Run, Run, Run]]] = {t.name: [] for t in tracers}
     for r in range(rounds):
         order = tracers[r % len(tracers):] + tracers[:r % len(tracers)]
@@ -316,8 +314,10 @@ def alternate(target: Target, tracers: list[Tracer], rounds: int) -> dict[str, l
         for t in order:
             t.start(target)
             try:
+                before_runs = program_runs() if stats else {}
                 run = Run(*target.measure())
-                run.bpf_ns = t.bpf_ns()
+                if stats:
+                    run.bpf_ns = runs_between(before_runs, program_runs())
             finally:
                 t.stop()
             after = Run(*target.measure())
@@ -337,7 +337,7 @@ def median_ci(values: list[float], resamples: int = 4000) -> tuple[float, float]
 
 def report(title: str, results: dict, seconds: float, unit: str = "req") -> list[str]:
     """The table of one server: ratios, rates and CPU per request (or per `unit`), then
-    the BPF run time per program of the variants that read it (divided by the requests of `seconds`)."""
+    with --bpf-stats each variant's BPF run time per program (divided by the requests of `seconds`)."""
     lines = [f"\n{title}", f"{'variant':<52} {f'{unit}/s vs untraced':>18} {'[min-max]':>13} {'95% CI':>13} "
                            f"{f'{unit}/s':>8} {f'CPU µs/{unit}':>11} {f'kept by CPU/{unit}':>16} {'[min-max]':>13}"]
     base_rps = [b.rps for runs in results.values() for triple in runs for b in (triple[0], triple[2])]
@@ -392,18 +392,19 @@ def nginx_rounds(args, work: Path) -> list[str]:
                 return rps, 1e6 * (cpu_s(nginx.worker) - c0) / (rps * args.seconds)
 
             aa = Empty("nothing attached (A/A: the method's own spread)", [])
-            tracers = [Slotune("slotune, all families, watching nginx", None, True, args.bpf_stats),
-                       Slotune("slotune, all families, watching nothing", None, False, args.bpf_stats),
+            tracers = [Slotune("slotune, all families, watching nginx", None, True),
+                       Slotune("slotune, all families, watching nothing", None, False),
                        Bpftrace()]
             if args.targets:       # what the targets compare, and the yardstick
                 tracers.append(aa)
             else:
-                tracers.insert(1, Slotune("slotune, http only, watching nginx", ["http"], True, args.bpf_stats))
+                tracers.insert(1, Slotune("slotune, http only, watching nginx", ["http"], True))
                 if args.empty:
                     tracers += [aa, Empty("empty programs on all of slotune's attach points", all_attach_points())]
             tracers += [OtherTree(tree) for tree in args.compare]
             try:
-                results = alternate(Target(spec, nginx.worker, nginx.port, measure), tracers, args.rounds)
+                results = alternate(Target(spec, nginx.worker, nginx.port, measure), tracers, args.rounds,
+                                    args.bpf_stats)
             finally:
                 for t in tracers:
                     t.close()
@@ -432,11 +433,12 @@ def gateway_rounds(args, work: Path) -> list[str]:
             rps = len(lat) / args.seconds
             return rps, 1e6 * (sum(cpu_s(p) for p in stack) - c0) / max(1, len(lat))
 
-        tracers = [Slotune("slotune, all families, watching the gateway", None, True, args.bpf_stats),
-                   Slotune("slotune, all families, watching nothing", None, False, args.bpf_stats),
+        tracers = [Slotune("slotune, all families, watching the gateway", None, True),
+                   Slotune("slotune, all families, watching nothing", None, False),
                    Bpftrace()]
         try:
-            results = alternate(Target(spec, gateway, state["ports"]["gateway"], measure), tracers, args.rounds)
+            results = alternate(Target(spec, gateway, state["ports"]["gateway"], measure), tracers, args.rounds,
+                                args.bpf_stats)
         finally:
             for t in tracers:
                 t.close()
@@ -472,7 +474,8 @@ def pipe_rounds(args, work: Path) -> list[str]:
                     Empty("the same, attached raw", [empty(tp, "raw_tracepoint") for tp in points])]
     port = free_port()                      # nothing listens there: the other trees watch nothing
     try:
-        results = alternate(Target(ServiceSpec("nothing", port=port), 0, port, measure), tracers, args.rounds)
+        results = alternate(Target(ServiceSpec("nothing", port=port), 0, port, measure), tracers, args.rounds,
+                            args.bpf_stats)
     finally:
         for t in tracers:
             t.close()
