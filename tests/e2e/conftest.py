@@ -2,6 +2,7 @@
 stack: a config writer, a running-daemon handle, and the stack fixture."""
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from daemon.demo.stack_config import for_reference_stack
-from reference_stack import launcher
+from reference_stack import launcher, loadgen
 from reference_stack.client import StackClient
 from tests.conftest import ROOT
 
@@ -26,6 +27,15 @@ def daemon_config(state: dict, exporter_port: int, work: Path, *, gateway_slo_ms
                                inference_slo_ms=inference_slo_ms, gateway_tuners=gateway_tuners,
                                inference_tuners=inference_tuners, gateway_control_url=control_url,
                                environment="test")
+
+
+def capacity(stack: StackClient) -> float:
+    """Full answers per second under 8 closed-loop clients, on the stack's settings as they
+    are; the caches this warmed are flushed after, so that a step sized by it starts cold."""
+    answered = asyncio.run(loadgen.closed_loop(stack.state["query_url"], 8, 4.0, seed=3))
+    assert answered, "the stack answered nothing while its capacity was measured"
+    stack.admin("gateway", "POST", {"level": "all"}, path="/admin/cache/flush")
+    return len(answered) / 4.0
 
 
 def daemon_table(exporter_port: int, work: Path, probes: tuple[str, ...]) -> str:

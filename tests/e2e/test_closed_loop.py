@@ -1,16 +1,20 @@
 """The whole loop: a load step past capacity makes the daemon's throttle and
 batch tuners push new settings to the real stack and bring P99 back under the
-SLO; less load relaxes them; --dry-run pushes nothing."""
+SLO; less load relaxes them; --dry-run pushes nothing. The step is sized by the
+capacity measured at the start (a fixed 60 req/s was 1.5 x it on a slower host
+and 1.1 x it on a faster one, 2026-12-05, where P99 peaked at 0.75 s, under the SLO)."""
 import re
 import threading
 import time
 
+import pytest
+
 from reference_stack import loadgen
-from tests.e2e.conftest import daemon_config
+from tests.e2e.conftest import capacity, daemon_config
 
 TUNERS_GATEWAY = "[services.gateway.tuners.throttle]\ninterval_s = 1.0\n"
 TUNERS_INFERENCE = "[services.inference.tuners.batch]\ninterval_s = 3.0\n"
-HIGH_RPS, HIGH_S, LOW_RPS, LOW_S = 60.0, 36.0, 6.0, 20.0
+HIGH_X, HIGH_S, LOW_X, LOW_S = 1.5, 36.0, 0.15, 20.0     # load steps, times the capacity
 
 
 def drive(stack, daemon, phases):
@@ -33,10 +37,16 @@ def drive(stack, daemon, phases):
     return trace
 
 
-def test_load_step_pushes_settings_brings_p99_back_and_relaxes(stack, daemon_factory, fresh_settings):
+@pytest.fixture(scope="module")
+def rate(stack) -> float:
+    """The stack's capacity at its starting settings (batch 1, limit 64), measured once."""
+    return capacity(stack)
+
+
+def test_load_step_pushes_settings_brings_p99_back_and_relaxes(stack, daemon_factory, fresh_settings, rate):
     d = daemon_factory(lambda port, work: daemon_config(stack.state, port, work, gateway_slo_ms=800,
                                                   gateway_tuners=TUNERS_GATEWAY, inference_tuners=TUNERS_INFERENCE))
-    trace = drive(stack, d, [(HIGH_RPS, HIGH_S), (LOW_RPS, LOW_S)])
+    trace = drive(stack, d, [(HIGH_X * rate, HIGH_S), (LOW_X * rate, LOW_S)])
     high = [r for r in trace if r["t"] < HIGH_S]
     low = [r for r in trace if r["t"] >= HIGH_S + 5]
     slo = 0.8
@@ -53,11 +63,11 @@ def test_load_step_pushes_settings_brings_p99_back_and_relaxes(stack, daemon_fac
     assert all(bounds[e["setting"]][0] <= e["new"] <= bounds[e["setting"]][1] for e in pushed)
 
 
-def test_dry_run_decides_but_pushes_nothing(stack, daemon_factory, fresh_settings):
+def test_dry_run_decides_but_pushes_nothing(stack, daemon_factory, fresh_settings, rate):
     d = daemon_factory(lambda port, work: daemon_config(stack.state, port, work, gateway_slo_ms=800,
                                                         gateway_tuners=TUNERS_GATEWAY,
                                                         inference_tuners=TUNERS_INFERENCE), "--dry-run")
-    drive(stack, d, [(HIGH_RPS, 12.0)])
+    drive(stack, d, [(HIGH_X * rate, 12.0)])
     outcomes = {e["outcome"] for e in d.audit()}
     assert "dry-run" in outcomes and "pushed" not in outcomes
     assert stack.settings("gateway")["concurrency_limit"] == 64

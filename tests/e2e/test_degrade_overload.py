@@ -7,7 +7,6 @@ without eBPF probes (the tuners read the gateway's own /metrics), so that it sta
 second or two."""
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 
@@ -16,7 +15,7 @@ import pytest
 
 from reference_stack import launcher, loadgen
 from reference_stack.client import StackClient
-from tests.e2e.conftest import daemon_config
+from tests.e2e.conftest import capacity, daemon_config
 
 SLO_MS = 1000.0
 THROTTLE = "[services.gateway.tuners.throttle]\ninterval_s = 1.0\n"
@@ -36,13 +35,6 @@ def stack(tmp_path_factory):
         yield StackClient(state)
     finally:
         launcher.stop(cfg.run_dir)
-
-
-def capacity(stack) -> float:
-    """Full answers per second under 8 closed-loop clients."""
-    answered = asyncio.run(loadgen.closed_loop(stack.state["query_url"], 8, 4.0, seed=3))
-    assert answered, "the stack answered nothing while its capacity was measured"
-    return len(answered) / 4.0
 
 
 def late_refusals(records) -> int:
@@ -78,9 +70,8 @@ def test_the_dimmer_answers_an_overload_step_degraded_where_the_throttle_alone_r
         return lambda port, work: daemon_config(stack.state, port, work, gateway_slo_ms=SLO_MS,
                                                 gateway_tuners=tuners).replace("[daemon]\n", "[daemon]\nprobes = []\n")
 
-    # Both runs start from flushed caches: warm from the capacity run, the first answered many
-    # queries from them and its step was barely an overload (2 refusals of 324 in one run).
-    stack.admin("gateway", "POST", {"level": "all"}, path="/admin/cache/flush")
+    # Both runs start from flushed caches (capacity() flushes what it warmed): warm, the first
+    # answered many queries from them and its step was barely an overload (2 refusals of 324).
     alone = daemon_factory(config(THROTTLE), name="throttle-alone")
     records, trace_alone = run_step(stack, alone, rate)
     refused_alone = late_refusals(records)
