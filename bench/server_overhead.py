@@ -395,12 +395,12 @@ def nginx_rounds(args, work: Path) -> list[str]:
             tracers = [Slotune("slotune, all families, watching nginx", None, True),
                        Slotune("slotune, all families, watching nothing", None, False),
                        Bpftrace()]
-            if args.targets:       # what the targets compare, and the yardstick
-                tracers.append(aa)
-            else:
+            if not args.targets:   # --targets: what the targets compare, and the yardstick
                 tracers.insert(1, Slotune("slotune, http only, watching nginx", ["http"], True))
-                if args.empty:
-                    tracers += [aa, Empty("empty programs on all of slotune's attach points", all_attach_points())]
+            if args.targets or args.empty:
+                tracers.append(aa)
+            if args.empty:         # the floor: attaching there, doing nothing
+                tracers.append(Empty("empty programs on all of slotune's attach points", all_attach_points()))
             tracers += [OtherTree(tree) for tree in args.compare]
             try:
                 results = alternate(Target(spec, nginx.worker, nginx.port, measure), tracers, args.rounds,
