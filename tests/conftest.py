@@ -1,4 +1,5 @@
-"""Shared test fixtures: the repo root and a way to run the real `slotune` CLI."""
+"""Shared test fixtures: the repo root, a way to run the real `slotune` CLI, and the
+base of the tests' stand-in collectors."""
 import os
 import shutil
 import subprocess
@@ -8,6 +9,28 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+class StandInCollector:
+    """A stand-in collector (daemon/collectors/base.py's contract) for a test that needs
+    samples without probes or scrapes: nothing to attach, no parts, no families of its
+    own; a subclass names itself and says what collect() returns."""
+    exports_samples, up = False, True
+
+    def start(self, services):
+        pass
+
+    def update_services(self, services):
+        pass
+
+    def close(self):
+        pass
+
+    def parts(self):
+        return {}
+
+    def metric_families(self):
+        return ()
 
 
 def run_slotune(*args, timeout=120, **kwargs) -> subprocess.CompletedProcess:

@@ -26,7 +26,7 @@ from daemon.store.baselines import BaselineStore
 from daemon.store.prometheus_history import DEPLOY_INFO, PrometheusHistory
 from daemon.store.recorder import DRIFT_METRIC, PROMETHEUS_REFRESH_S
 from reference_stack.launcher import free_ports
-from tests.conftest import run_slotune
+from tests.conftest import StandInCollector, run_slotune
 
 HOST = socket.gethostname()
 DAY, SCRAPE_S = 86400, 60          # the backfilled week has one sample a minute per series
@@ -204,24 +204,9 @@ def test_import_errors_name_the_url_the_query_and_the_fix(prometheus, tmp_path):
         assert out.returncode == 2 and says in out.stderr, (args, out.stderr)
 
 
-class SteadyAgent:
+class SteadyAgent(StandInCollector):
     """A stand-in collector: every request of the agent takes 300 ms."""
-    name, exports_samples, up = "steady", False, True
-
-    def start(self, services):
-        pass
-
-    def update_services(self, services):
-        pass
-
-    def close(self):
-        pass
-
-    def parts(self):
-        return {}
-
-    def metric_families(self):
-        return ()
+    name = "steady"
 
     def collect(self, start, end):
         latency = Histogram.from_values([300_000_000] * 50)

@@ -18,32 +18,18 @@ from daemon.model.histogram import Histogram
 from daemon.model.sample import Sample
 from daemon.model.window import EBPF_LATENCY
 from daemon.process import Daemon
+from tests.conftest import StandInCollector
 
 SLO_MS = 200
 TOKEN = "glsa_standin_token_0123456789"
 
 
-class SetLatency:
+class SetLatency(StandInCollector):
     """A stand-in collector: 100 requests a window, 2 % of them at p99_s, the rest at 20 ms."""
-    name, exports_samples, up = "standin", True, True
+    name, exports_samples = "standin", True
 
     def __init__(self):
         self.p99_s = 0.05
-
-    def start(self, services):
-        pass
-
-    def update_services(self, services):
-        pass
-
-    def close(self):
-        pass
-
-    def parts(self):
-        return {}
-
-    def metric_families(self):
-        return ()
 
     def collect(self, start, end):
         values = np.r_[np.full(98, 20e6), np.full(2, self.p99_s * 1e9)]
