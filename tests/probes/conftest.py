@@ -1,10 +1,12 @@
 """Fixtures for the live-kernel probe tests: worker processes that are always
 killed, kernel collectors that are always closed, a unique tag per test so
-command-line matching never catches anyone else's processes."""
+command-line matching never catches anyone else's processes, and bpftrace
+scripts started as references on the same kernel points."""
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -97,6 +99,22 @@ def kernel(root_only):
     yield start
     for c in made:
         c.close()
+
+
+def bpftrace(script: str, *args) -> subprocess.Popen:
+    """A bpftrace script (`bpftrace -e script args...`, its BEGIN printing "attached"),
+    returned once attached, its stdout piped as text; the caller stops it. Fails the test,
+    naming the fix, where bpftrace is missing."""
+    if not shutil.which("bpftrace"):
+        pytest.fail("bpftrace missing: apt-get install bpftrace (scripts/setup.sh installs it)")
+    tracer = subprocess.Popen(["bpftrace", "-e", script, *map(str, args)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert "attached" in (tracer.stdout.readline() + tracer.stdout.readline())   # after "Attaching N probes..."
+    except BaseException:
+        tracer.kill()
+        tracer.wait(timeout=30)
+        raise
+    return tracer
 
 
 def collected(collector, settle_s: float = 2.0) -> dict:

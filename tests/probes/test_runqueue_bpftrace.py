@@ -4,16 +4,13 @@ or an involuntary switch-out, to the next switch-in) prints every wait of one
 sleeper's thread while slotune's runqueue family times the same thread, beside a
 CPU hog pinned to its CPU. Same count within 2 %, P50 and P99 within 10 % (of
 the reference's values two ranks either side: see the test)."""
-import shutil
-import subprocess
 import threading
 
 import numpy as np
-import pytest
 
 from daemon.model.service import ServiceSpec
 from tests.probes.agreement import record
-from tests.probes.conftest import collected, hist
+from tests.probes.conftest import bpftrace, collected, hist
 from tests.probes.test_runqueue import SLEEP_S, WORK_S, wait_burning
 
 WAKEUPS = 200
@@ -32,14 +29,11 @@ END { clear(@since); }
 
 
 def test_runqueue_wait_agrees_with_bpftrace(kernel, spawn, tag):
-    if not shutil.which("bpftrace"):
-        pytest.fail("bpftrace missing: apt-get install bpftrace (scripts/setup.sh installs it)")
     collector = kernel([ServiceSpec("a", cmdline=f"sleeper.py {tag}-a")], ["runqueue"])
     sleeper = spawn("sleeper", f"{tag}-a", WAKEUPS, SLEEP_S, WORK_S, cpu=0, nice=19)
     wait_burning(spawn("hog", tag, cpu=0).pid)
-    tracer = subprocess.Popen(["bpftrace", "-e", SCRIPT, str(sleeper.pid)], stdout=subprocess.PIPE, text=True)
+    tracer = bpftrace(SCRIPT, sleeper.pid)
     try:
-        assert "attached" in (tracer.stdout.readline() + tracer.stdout.readline())   # after "Attaching N probes..."
         theirs: list[int] = []
         reader = threading.Thread(target=lambda: theirs.extend(int(line) for line in tracer.stdout
                                                                if line.strip().isdigit()), daemon=True)

@@ -29,7 +29,7 @@ import pytest
 from daemon.collectors.kernel.targeting import Targeting
 from daemon.model.service import ServiceSpec
 from tests.probes.agreement import record
-from tests.probes.conftest import collected, hist
+from tests.probes.conftest import bpftrace, collected, hist
 from tests.probes.test_tcp import remove_namespace, sh, veth_namespace
 
 RATE = "10mbit"
@@ -180,13 +180,12 @@ class SrttReader(SrttSamples):
 
     def __init__(self, ns: str, port: int):
         inum = os.stat(f"/run/netns/{ns}").st_ino
-        self.tracer = subprocess.Popen(["bpftrace", "-e", SRTT_READER, str(port), str(inum)],
-                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.args = (port, inum)
         self.rtt: dict[str, list[float]] = {}     # socket address -> srtt samples, seconds
         self.thread = threading.Thread(target=self.read)
 
     def __enter__(self):
-        assert "attached" in (self.tracer.stdout.readline() + self.tracer.stdout.readline())
+        self.tracer = bpftrace(SRTT_READER, *self.args)
         self.thread.start()
         return self
 
