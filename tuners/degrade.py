@@ -108,6 +108,9 @@ def _bo_decide(state: BrownoutState, obs: Observation):
 class SlotuneState:
     ratio: float
     full_rps: float = math.inf   # full answers per second the service carries; inf = no bound yet
+    fast_below_rps: float = math.inf   # grow fast only under this: half the full rate the last
+    #                                    overload began at (TCP's slow-start threshold)
+    cutting: bool = False        # the last window cut the full rate
 
 
 def _slotune_init(settings):
@@ -123,18 +126,26 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
     budget = SHARE * max(throttle.TARGET * obs.slo_s - service_tail, 0.25 * service_tail)
     slack = 0.1 * budget
     full_now = max(obs.completed_rps - obs.degraded_rps, 0.0)
+    before, fast_below = min(state.full_rps, full_now), state.fast_below_rps
+    cut = queue > budget or (obs.refused_rps > 0 and state.ratio < 1)
+    if cut and not state.cutting and before > 0:   # an overload begins: fast growth stops at half
+        fast_below = 0.5 * before                   # this rate (from none, it says nothing about it)
     if queue > budget:
         factor = clamp((budget + slack) / (queue + slack), 0.8, 0.95)
-        full = min(state.full_rps, full_now) * factor
+        full = before * factor
         why = f"queue P99 {queue * 1e3:.0f} ms over its {budget * 1e3:.0f} ms budget: full answers x{factor:.2f}"
-    elif obs.refused_rps > 0 and state.ratio < 1:
-        full = min(state.full_rps, full_now) * 0.9
+    elif cut:
+        full = before * 0.9
         why = f"{obs.refused_rps:.1f} queries/s refused with the dimmer below 1: full answers x0.90"
     elif state.ratio > 0:   # grow from at least a twentieth of the load: from none, x1.1 alone never would
-        # x1.1 at most near the budget, x1.5 under a fifth of it: a dimmer cut deep in an overload
-        # (a busy host's slower seconds read as queue too) comes back within seconds of the load dropping
-        factor = clamp((budget + slack) / (queue + slack), 1.0, 1.5 if queue <= 0.2 * budget else 1.1)
-        full = max(state.full_rps, 0.05 * obs.arrival_rps) * factor
+        # x1.1 at most near the budget; x1.5 under a fifth of it and under half the rate the last
+        # overload began at: a dimmer cut deep (a busy host's slower seconds read as queue too)
+        # comes back within seconds of the load dropping, and one cut just under the service's
+        # capacity does not overshoot it again before the queue shows it
+        grown = max(state.full_rps, 0.05 * obs.arrival_rps)
+        fast = queue <= 0.2 * budget and grown < fast_below
+        factor = clamp((budget + slack) / (queue + slack), 1.0, 1.5 if fast else 1.1)
+        full = grown * factor
         why = f"degrading, queue P99 {queue * 1e3:.0f} ms within {budget * 1e3:.0f} ms: full answers x{factor:.2f}"
     else:
         full = state.full_rps
@@ -143,7 +154,7 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
     ratio = clamp(1.0 - full / offered, 0.0, 1.0) if math.isfinite(full) else 0.0
     if ratio > 0 and state.ratio == 0:
         why += f"; {offered:.0f} queries/s offered over the {full:.0f} full answers/s it carries"
-    return SlotuneState(ratio, full), Decision(changed(state.ratio, ratio, SETTING), why)
+    return SlotuneState(ratio, full, fast_below, cut), Decision(changed(state.ratio, ratio, SETTING), why)
 
 
 FIELDS = {SETTING: "ratio"}   # Policy.resync writes the degrade_ratio in force here

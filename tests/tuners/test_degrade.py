@@ -81,6 +81,7 @@ def test_slotune_degrades_more_while_the_throttle_refuses_and_not_past_everythin
     assert s.full_rps == pytest.approx(54.0) and d.changes["degrade_ratio"] == pytest.approx(0.46)
     s, d = sl.decide(degrade.SlotuneState(1.0, 0.0), obs(p99=0.9, queue=0.6, arrival=500.0, refused=300.0))
     assert d.changes == {} and s.full_rps == 0                       # all degraded: refusing is the throttle's
+    assert s.fast_below_rps == math.inf            # an overload from no full answers says nothing of their rate
 
 
 def test_slotune_comes_back_from_degrading_everything():
@@ -89,6 +90,21 @@ def test_slotune_comes_back_from_degrading_everything():
     assert s.full_rps == pytest.approx(7.5) and d.changes["degrade_ratio"] == pytest.approx(0.925)
     s, d = P["slotune"].decide(degrade.SlotuneState(1.0, 0.0), obs(p99=0.3, queue=0.2, arrival=100.0))
     assert s.full_rps == pytest.approx(5.5) and d.changes["degrade_ratio"] == pytest.approx(0.945)
+
+
+def test_slotune_grows_fast_only_under_half_the_rate_its_last_overload_began_at():
+    sl = P["slotune"]
+    # an overload begins at 60 full answers/s (refusals): the threshold is 30; a second cut in a row keeps it
+    s, _ = sl.decide(degrade.SlotuneState(0.4, 60.0), obs(p99=0.3, queue=0.0, arrival=100.0, refused=10.0))
+    assert (s.full_rps, s.fast_below_rps, s.cutting) == (pytest.approx(54.0), 30.0, True)
+    s, _ = sl.decide(s, obs(p99=0.9, queue=0.6, arrival=100.0, completed=90.0, degraded=50.0))
+    assert s.full_rps == pytest.approx(32.0) and s.fast_below_rps == 30.0      # 40 x 0.8
+    # the queue drained: from 32 full answers/s, over the threshold, x1.1 however empty the queue
+    s, d = sl.decide(s, obs(p99=0.3, queue=0.0, arrival=100.0, completed=100.0, degraded=68.0))
+    assert s.full_rps == pytest.approx(35.2) and not s.cutting
+    # cut deep under it, the same empty queue grows x1.5
+    s, d = sl.decide(degrade.SlotuneState(0.9, 10.0, 30.0), obs(p99=0.3, queue=0.0, arrival=100.0, degraded=90.0))
+    assert s.full_rps == pytest.approx(15.0) and d.changes["degrade_ratio"] == pytest.approx(0.85)
 
 
 def test_the_ratio_in_force_is_what_every_policy_steers_from():
