@@ -8,8 +8,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import signal
-import threading
 import time
 from collections import defaultdict, deque
 
@@ -30,6 +28,7 @@ from daemon.export.samples import SampleExporter
 from daemon.export.server import MetricsServer
 from daemon.export import sinks
 from daemon.host import sdnotify
+from daemon.host.signals import Signals
 from daemon.model import window
 from daemon.model.interval import Interval
 from daemon.store.baselines import BaselineStore
@@ -68,8 +67,7 @@ class Daemon:
                                    self.recorder.baseline, self.guard_file.load())
         self.restore_on_exit = restore_on_exit
         self.state_errors = 0
-        self.stop_event = threading.Event()
-        self.reload_requested = False
+        self.signals = Signals()
         self.server: MetricsServer | None = None
         self.explained: dict = {}       # attribution's last explanations, by service
         self.explained_span = None      # the RECENT_S span they judged (end // RECENT_S)
@@ -133,35 +131,34 @@ class Daemon:
             self.server = None
         self.audit.close()
         self.store.close()
+        self.signals.close()
 
     def handle_signals(self) -> None:
         """SIGTERM/SIGINT stop, SIGHUP reloads; installed before start() says READY=1."""
-        signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
-        signal.signal(signal.SIGINT, lambda *_: self.stop_event.set())
-        signal.signal(signal.SIGHUP, lambda *_: setattr(self, "reload_requested", True))
+        self.signals.install()
 
     def _wait_until(self, end: float, watchdog: float | None) -> None:
         """Sleep until `end` (or a stop), pinging the systemd watchdog at half its interval."""
-        while not self.stop_event.is_set():
+        while not self.signals.stop:
             left = end - time.time()
             if watchdog:
                 sdnotify.watchdog_ping()
             if left <= 0:
                 return
-            self.stop_event.wait(min(left, watchdog / 2) if watchdog else left)
+            self.signals.sleep(min(left, watchdog / 2) if watchdog else left)
 
     def run_forever(self) -> None:
         self.handle_signals()
         watchdog = sdnotify.watchdog_interval()
         start, failures = time.time(), 0
         try:
-            while not self.stop_event.is_set():
+            while not self.signals.stop:
                 end = start + self.cfg.collect_interval_s
                 self._wait_until(end, watchdog)
-                if self.stop_event.is_set():
+                if self.signals.stop:
                     break
-                if self.reload_requested:
-                    self.reload_requested = False
+                if self.signals.reload:
+                    self.signals.reload = False
                     self.reload()
                 try:
                     self.step(start, time.time())

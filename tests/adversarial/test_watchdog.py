@@ -60,6 +60,9 @@ metrics_url = "http://127.0.0.1:{server.port}/metrics"
         assert "no sample from it" in log.read_text()     # the hang is said, and the daemon goes on
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
-        server.close()
-        sock.close()
+        try:
+            proc.wait(timeout=30)     # a daemon that does not stop on SIGTERM fails here (see tests/test_signals.py)
+        finally:
+            proc.kill()               # ... and does not outlive the test
+            server.close()
+            sock.close()
