@@ -61,7 +61,7 @@ metrics_url = "http://127.0.0.1:{server.port}/metrics"
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=30)     # a daemon that does not stop on SIGTERM fails here (see tests/test_daemon_signals.py)
+            proc.wait(timeout=30)     # a daemon deaf to SIGTERM fails here (tests/test_daemon_signals.py)
         finally:
             proc.kill()               # ... and does not outlive the test
             server.close()
