@@ -15,7 +15,7 @@ SLEEPER = """
 import json, os, signal, sys
 from daemon.host.signals import Signals
 
-k, seen, lines = int(sys.argv[1]), [], 0
+k, lines = int(sys.argv[1]), 0
 signals = Signals()
 signals.install()
 
@@ -31,7 +31,7 @@ sys.settrace(trace)
 while not signals.stop:
     signals.sleep(0.05)
 sys.settrace(None)
-print(json.dumps({"lines": lines, "reload": signals.reload}))
+print(json.dumps({"lines": lines}))
 """
 
 
