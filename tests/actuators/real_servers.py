@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from daemon.control.actuators.nginx import workers as nginx_workers
+
 NGINX = "/usr/sbin/nginx"
 HAPROXY = "/usr/sbin/haproxy"
 
@@ -147,7 +149,7 @@ class Nginx:
     pid_file: Path
 
     def workers(self) -> set[int]:
-        return {int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == self.master_pid}
+        return set(nginx_workers(self.master_pid))
 
     def wait_for_old_workers(self, old: set[int], timeout: float = 10.0) -> None:
         """Until the workers of before a reload have finished and exited (they still accept for a moment)."""
@@ -161,14 +163,6 @@ class Nginx:
         if not self.access_log.exists():
             return []
         return [int(s) for s in self.access_log.read_text().split()]
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rpartition(b")")[2].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 @contextlib.contextmanager
@@ -215,7 +209,11 @@ http {{
             assert time.monotonic() < deadline, "nginx wrote no pid file"
             time.sleep(0.05)
         _wait_port(port, None, "nginx")
-        yield Nginx(int(pid_file.read_text()), conf, include, port, access, folder, pid_file)
+        ng = Nginx(int(pid_file.read_text()), conf, include, port, access, folder, pid_file)
+        while not ng.workers():     # the master listens and writes its pid file before it forks one
+            assert time.monotonic() < deadline, "nginx's master started no worker"
+            time.sleep(0.01)
+        yield ng
     finally:
         with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
             pid = int(pid_file.read_text())

@@ -1,14 +1,17 @@
 """The nginx actuator's refusals, each naming the input and the fix, against a
 real nginx where a push reaches it: a target that is not one directive, an
 include file without (or with two of) a setting's line, a link for the include
-file, a setting with no directive; and the config keys the kind needs."""
+file, a setting with no directive; and the config keys the kind needs. And the
+clock its reload check reads: a child forked after the mark starts at or after it."""
 import os
+import subprocess
+import time
 
 import pytest
 
 from daemon.config import ConfigError, load
 from daemon.control.actuators import ActuatorError
-from daemon.control.actuators.nginx import NginxActuator, target_error
+from daemon.control.actuators.nginx import NginxActuator, _boot_ticks, target_error, workers
 from tests.actuators.real_servers import nginx
 
 TARGETS = {"concurrency_limit": "limit_conn perserver {}"}
@@ -54,6 +57,24 @@ def test_a_push_changes_only_its_number_and_keeps_mode_and_owner(tmp_path):
             {"concurrency_limit": 5.0})
         assert ng.include.read_text() == text.replace("perserver 2;", "perserver 5;")
         assert oct(os.stat(ng.include).st_mode & 0o777) == "0o604"
+
+
+def test_a_worker_counts_for_the_reload_only_when_it_started_after_the_reload_was_sent():
+    """The kernel's start times (proc(5) stat field 22) against the mark the push takes."""
+    before = subprocess.Popen(["sleep", "5"])
+    try:
+        time.sleep(0.05)                 # five ticks at USER_HZ 100
+        mark = _boot_ticks()
+        after = subprocess.Popen(["sleep", "5"])
+        try:
+            starts = workers(os.getpid())
+            assert starts[before.pid] < mark <= starts[after.pid], (starts, mark)
+        finally:
+            after.kill()
+            after.wait()
+    finally:
+        before.kill()
+        before.wait()
 
 
 def _config(tmp_path, control: str):

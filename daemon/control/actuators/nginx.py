@@ -3,8 +3,9 @@ is one directive line written from its target (`limit_conn perserver {}` ->
 `limit_conn perserver 8;`), only its number changed, every other byte kept. A
 push replaces the file atomically (safe_files: no link followed, mode and owner
 kept, fsync), validates with `nginx -t -c CONF`, reloads with `nginx -s reload
--c CONF`, and with pid_file checks the master started new workers (the reload
-took); if any step fails the previous file is put back byte for byte.
+-c CONF`, and with pid_file checks the master started a worker after the reload
+was sent (the reload took; a worker forked at nginx's start-up does not count);
+if any step fails the previous file is put back byte for byte.
 Directives: nginx docs, ngx_http_limit_conn_module (limit_conn), ngx_http_limit_req_module
 (limit_req_zone rate=Nr/s, limit_req burst=N), ngx_http_upstream_module (server ... max_conns=N);
 command line: nginx.org/en/docs/switches.html; reload: nginx.org/en/docs/control.html."""
@@ -83,14 +84,15 @@ class NginxActuator:
                 raise ActuatorError(f"setting {setting} = {value:g}: nginx takes no negative value here; "
                                     "nothing was written", unreachable=False)
             text = self.lines[setting].sub(lambda m, v=value: f"{m[1]}{plain(v)}{m[3]}", text)
-        workers = self._workers()
+        master = self._master()
         replace_file(self.path, text.encode(), st, "nginx include file")
         reloading = False
         try:
             self._nginx("-t", "rejected the new include file (nothing was reloaded)")
             reloading = True
+            sent = _boot_ticks()
             self._nginx("-s", "reload", "did not reload")
-            self._took(workers)
+            self._took(master, sent)
             read_back(changes, self.current(), f"nginx include file {self.path}")
         except ActuatorError as exc:
             raise ActuatorError(f"{exc}; {self._restore(old, st, reloading)}", exc.unreachable) from None
@@ -109,8 +111,8 @@ class NginxActuator:
             said = " ".join(done.stderr.decode(errors="replace").split())[-300:]
             raise ActuatorError(f"`{' '.join(command)}` {why}: {said}", unreachable=False)
 
-    def _workers(self) -> tuple[int, set[int]] | None:
-        """The master's pid and its worker processes now; None without a pid file (nothing to compare)."""
+    def _master(self) -> int | None:
+        """The master's pid; None without a pid file (nothing to check the reload against)."""
         if not self.pid_file:
             return None
         try:
@@ -121,15 +123,16 @@ class NginxActuator:
         if not re.fullmatch(rb"\s*[0-9]{1,10}\s*", data) or int(data) <= 1:
             raise ActuatorError(f"nginx pid file {self.pid_file} does not hold a master's pid (it starts "
                                 f"{data[:20]!r}); nothing was written", unreachable=False)
-        return int(data), _children(int(data))
+        return int(data)
 
-    def _took(self, workers: tuple[int, set[int]] | None) -> None:
-        """With a pid file: the reload took when the master has a worker it did not have before."""
-        if workers is None:
+    def _took(self, master: int | None, sent: int) -> None:
+        """With a pid file: the reload took when the master has a worker that started at or after
+        `sent` (clock ticks since boot). Comparing worker pids before and after would take a
+        worker nginx forks at its own start-up for the reload's."""
+        if master is None:
             return
-        master, before = workers
         deadline = time.monotonic() + self.timeout_s
-        while not _children(master) - before:
+        while not any(start >= sent for start in workers(master).values()):
             if time.monotonic() > deadline:
                 raise ActuatorError(f"nginx (master {master}) started no new workers within "
                                     f"{self.timeout_s:g} s of the reload: the new config did not take "
@@ -150,13 +153,22 @@ class NginxActuator:
         return ", ".join(f"`{t.replace('{}', 'N')};`" for t in self.targets.values()) or "`limit_conn perserver 8;`"
 
 
-def _children(master: int) -> set[int]:
-    return {int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == master}
+def workers(master: int) -> dict[int, int]:
+    """The master's child processes: pid -> start time in clock ticks since boot (proc(5) stat
+    fields 4 and 22)."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    fields = f.read().rpartition(b")")[2].split()
+                if int(fields[1]) == master:
+                    found[int(name)] = int(fields[19])
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
 
 
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rpartition(b")")[2].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
+def _boot_ticks() -> int:
+    """Now, in the clock ticks /proc/PID/stat counts start times in (both count from boot)."""
+    return time.clock_gettime_ns(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK") // 1_000_000_000
