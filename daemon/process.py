@@ -148,7 +148,7 @@ class Daemon:
             self.signals.sleep(min(left, watchdog / 2) if watchdog else left)
 
     def run_forever(self) -> None:
-        self.handle_signals()
+        """The main loop, until SIGTERM/SIGINT; handle_signals() was called before start()."""
         watchdog = sdnotify.watchdog_interval()
         start, failures = time.time(), 0
         try:
