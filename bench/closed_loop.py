@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from daemon.demo.run import GATEWAY_SLO_MS, INFERENCE_SLO_MS, measure_capacity, phases, start_daemon  # noqa: E402
-from daemon.demo.stack_config import for_reference_stack  # noqa: E402
+from daemon.demo.stack_config import DEMO_STACK_SETTINGS, for_reference_stack  # noqa: E402
 from reference_stack import launcher, loadgen  # noqa: E402
 from reference_stack.client import StackClient  # noqa: E402
 
@@ -49,7 +49,6 @@ SLO_S = GATEWAY_SLO_MS / 1e3
 ARMS = ("shipped", "whitepaper", "slotune", "oracle")
 PROFILES = ("step", "diurnal")
 DIURNAL_MEAN = 0.9          # x capacity: the day swings 0.18..1.62 x capacity
-SLOTUNE_START = {"gateway": {"concurrency_limit": 32}}          # the demo's start (a limit of 0 means none)
 # The whitepaper's token bucket starts open: twice the capacity, above the step's 1.5 x.
 WHITEPAPER_START_X = 2.0
 ORACLE_GRID = {"concurrency_limit": (8, 16, 32), "degrade_ratio": (0.0, 0.5, 1.0), "max_batch_size": (8,)}
@@ -119,7 +118,7 @@ def run_arm(arm: str, profile: str, rnd: int, capacity: float, oracle: dict, qui
     policy = {"whitepaper": "whitepaper", "slotune": "slotune"}.get(arm)
     settings = {"oracle": {"gateway": {k: v for k, v in oracle.items() if k != "max_batch_size"},
                            "inference": {"max_batch_size": oracle.get("max_batch_size", 8)}},
-                "slotune": SLOTUNE_START,
+                "slotune": DEMO_STACK_SETTINGS,
                 "whitepaper": {"gateway": {"rate_limit_rps": round(WHITEPAPER_START_X * capacity, 1)}}}.get(arm, {})
     run_dir = work / f"{profile}-{arm}-{rnd}"
     cfg = launcher.StackConfig.on_free_ports(run_dir / "stack", settings=settings)

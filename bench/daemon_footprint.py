@@ -29,7 +29,7 @@ import psutil
 
 from daemon.attribution.explain import HORIZON_S
 from daemon.process import HISTORY_S
-from daemon.demo.stack_config import for_reference_stack
+from daemon.demo.stack_config import DEMO_STACK_SETTINGS, for_reference_stack
 from reference_stack import launcher, loadgen
 from reference_stack.loadgen import closed_loop
 
@@ -135,7 +135,7 @@ def main(argv=None) -> int:
                          "under load (420 = 7 min)")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="slotune-footprint-"))
-    cfg = launcher.StackConfig.on_free_ports(work / "stack")
+    cfg = launcher.StackConfig.on_free_ports(work / "stack", settings=DEMO_STACK_SETTINGS)
     state = launcher.start(cfg)
     daemon = None
     try:

@@ -252,7 +252,34 @@ def _loosen(state: SlotuneState, obs: Observation, queue: float, budget: float, 
 LIMIT_FIELDS = {"concurrency_limit": "limit"}
 RATE_FIELDS = {"rate_limit_rps": "rate"}
 
-POLICIES = {
+
+
+def _refuse_no_limit(name: str, value: float) -> None:
+    if value <= 0:
+        raise ValueError(f"throttle tuner: {name} is {value:g} in force, which the service reads as no limit "
+                         f"(the reference gateway and HAProxy do), and a limit steered by factors cannot start "
+                         f"from it: give the service a starting {name} (what it would run with without slotune) "
+                         "and reload slotune (SIGHUP)")
+
+
+def _needs_a_limit(policy: Policy) -> Policy:
+    """The policy, refusing to start from or go on steering a limit of 0 in force: clamped
+    up, it read as a limit of 1 that binds, and the first push set the bound's minimum on a
+    service that had no limit (2 concurrent queries on the reference gateway). The loop stops
+    the tuner with this reason in the audit log; a reload starts it again."""
+    (name, field), = policy.fields.items()
+
+    def initial_state(settings):
+        _refuse_no_limit(name, setting(settings, name, "throttle"))
+        return policy.initial_state(settings)
+
+    def decide(state, obs):
+        _refuse_no_limit(name, getattr(state, field))    # resync wrote the value in force there
+        return policy.decide(state, obs)
+    return replace(policy, initial_state=initial_state, decide=decide)
+
+
+POLICIES = {name: _needs_a_limit(policy) for name, policy in {
     "slotune": Policy("slotune", "concurrency limit steered by queue-wait P99 vs the SLO left after service time",
                       _slotune_init, _slotune_decide, fields=LIMIT_FIELDS),
     "whitepaper": Policy("whitepaper", "rate x0.9 if P99 > SLO else x1.1, every second", _wp_init, _wp_decide, fields=RATE_FIELDS),
@@ -260,4 +287,4 @@ POLICIES = {
     "vegas": Policy("vegas", "Netflix VegasLimit, published defaults", _vegas_init, _vegas_decide, fields=LIMIT_FIELDS),
     "envoy": Policy("envoy", "Envoy adaptive concurrency gradient controller, published defaults",
                     _envoy_init, _envoy_decide, fields=LIMIT_FIELDS),
-}
+}.items()}

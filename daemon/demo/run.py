@@ -22,7 +22,7 @@ import numpy as np
 
 from daemon.demo import report
 from daemon.commands.status import render
-from daemon.demo.stack_config import LLM_INFERENCE_TUNERS, for_reference_stack
+from daemon.demo.stack_config import DEMO_STACK_SETTINGS, LLM_INFERENCE_TUNERS, for_reference_stack
 from reference_stack import launcher, loadgen
 from reference_stack.llm import load as llm_load
 
@@ -157,7 +157,7 @@ def run(run_dir: Path, capacity: float | None, scale: float, dry_run: bool, show
         run_dir=run_dir / "stack", gateway_port=gateway, inference_port=inference, sidecar_port=sidecar,
         sidecar_admin_port=sidecar_admin, redis_port=redis_port,
         tool_ports=dict(zip(launcher.StackConfig().tool_ports, tools)),
-        settings={"gateway": {"concurrency_limit": 32}}, inference_args=["--mode", "llm"] if llm else [])
+        settings=DEMO_STACK_SETTINGS, inference_args=["--mode", "llm"] if llm else [])
     print(f"==> starting the reference stack in {stack_cfg.run_dir}", flush=True)
     state = launcher.start(stack_cfg)
     daemon = None

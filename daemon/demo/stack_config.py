@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# The stack's settings the daemon starts from: the gateway's own default concurrency
+# limit is 0, no limit, which the throttle refuses to steer (tuners/throttle.py).
+DEMO_STACK_SETTINGS = {"gateway": {"concurrency_limit": 32}}
 DEMO_GATEWAY_TUNERS = """[services.gateway.tuners.throttle]
 interval_s = 2.0
 [services.gateway.tuners.degrade]

@@ -75,3 +75,18 @@ def test_dry_run_decides_but_pushes_nothing(stack, daemon_factory, fresh_setting
     assert d.status()["dry_run"] is True
     assert re.search(r'slotune_tuner_decisions_total\{[^}]*outcome="dry_run"[^}]*\} [1-9]', d.metrics())
 
+
+
+def test_a_gateway_with_no_concurrency_limit_is_not_given_one(stack, daemon_factory, fresh_settings, rate):
+    """The gateway's own 0 = no limit: the throttle stops, saying why, and pushes nothing
+    (it used to read 0 as a binding limit of 1 and push the bound's minimum, 2)."""
+    stack.patch("gateway", concurrency_limit=0)
+    d = daemon_factory(lambda port, work: daemon_config(stack.state, port, work, gateway_slo_ms=800,
+                                                        gateway_tuners=TUNERS_GATEWAY))
+    trace = drive(stack, d, [(0.5 * rate, 8.0)])
+    assert {r["limit"] for r in trace} == {0}, "the gateway was given a concurrency limit"
+    audit = d.audit()
+    assert not [e for e in audit if e["outcome"] == "pushed"]
+    stopped = [e for e in audit if e["outcome"] == "refused" and e["detail"] == "tuner stopped"]
+    assert stopped and stopped[0]["tuner"] == "throttle"
+    assert "concurrency_limit is 0 in force, which the service reads as no limit" in stopped[0]["reason"]

@@ -3,6 +3,7 @@ import math
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from bench.sim import throttle_bench
 from tests.tuners.purity import assert_pure
@@ -124,12 +125,19 @@ def test_slotune_lets_a_dimmer_with_room_go_first_while_p99_is_within_the_slo():
     assert d.changes["concurrency_limit"] < 40
 
 
-def test_slotune_takes_a_limit_of_0_in_force_without_failing():
-    """A service whose limit 0 means none (the reference gateway's default)."""
-    sl = P["slotune"]
-    s = sl.resync(sl.initial_state({"concurrency_limit": 40}), {"concurrency_limit": 0.0})
+@pytest.mark.parametrize("name", sorted(P))
+def test_no_policy_starts_from_or_steers_a_limit_of_0_in_force(name):
+    """0 is the reference gateway's and HAProxy's "no limit": read as a limit of 1 that binds,
+    it made the first push the bound's minimum (2 queries at once on an unlimited gateway)."""
+    policy = P[name]
+    limit, = policy.fields
+    none_of_it = f"{limit} is 0 in force, which the service reads as no limit"
+    with pytest.raises(ValueError, match=none_of_it + r".*give the service a starting " + limit):
+        policy.initial_state({limit: 0.0})
+    state = policy.resync(policy.initial_state({limit: 40.0}), {limit: 0.0})    # set to none by hand later
     for o in (obs(p99=0.1, queue_p99=0.0, in_flight=5), obs(p99=0.4, queue_p99=0.2, in_flight=5)):
-        sl.decide(s, o)
+        with pytest.raises(ValueError, match=none_of_it):
+            policy.decide(state, o)
 
 
 def test_slotune_without_a_queue_measurement_steers_p99_to_80_percent_of_the_slo():
