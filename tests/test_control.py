@@ -1,6 +1,7 @@
 """The control loop's guards, with a real file actuator (and a real closed
 port for a control surface that is down) on hand-built windows."""
 import json
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
@@ -8,7 +9,7 @@ import pytest
 from daemon import config
 from daemon.control.actuators.file import FileActuator
 from daemon.control.actuators.http_json import HttpJsonActuator
-from daemon.control.audit import AuditLog, Outcome
+from daemon.control.audit import AuditLog, Entry, Outcome
 from daemon.config import Bounds, Config, Control, ServiceConf, TunerConf
 from daemon.model.interval import Interval
 from daemon.control.loop import ControlLoop, guarded
@@ -158,6 +159,14 @@ def test_the_audit_log_keeps_the_outcome_words_its_readers_match_and_the_detail_
     assert [(l["outcome"], l["detail"]) for l in lines] == [
         ("pushed", ""), ("rolled back", ""), ("held", "rolled back recently")]
     assert [Outcome(l["outcome"]).label for l in lines] == ["pushed", "rolled_back", "held"]
+
+
+def test_a_decision_reads_rounded_where_a_person_reads_it_and_exact_in_the_log():
+    e = Entry(1.0, "gateway", "sampling", "trace_sample_rate", 0.1, 0.1 + 0.2, "why", Outcome.DRY_RUN)
+    assert e.line() == "gateway.trace_sample_rate: 0.1 -> 0.3 (dry-run) because why"
+    assert replace(e, old=64.0, new=0.0688499999999999).line().startswith("gateway.trace_sample_rate: 64 -> 0.06885 ")
+    assert replace(e, old=None, new=123456.7).line().startswith("gateway.trace_sample_rate: none -> 123457 ")
+    assert json.loads(json.dumps(asdict(e)))["new"] == 0.1 + 0.2
 
 
 BUDGET_TOML = """

@@ -8,6 +8,8 @@ import sys
 import time
 import urllib.request
 
+from daemon.control.audit import shown
+
 NAME = "status"
 HELP = "show the running daemon's live per-service table (P99 vs SLO, top cause, settings, decisions)"
 EXAMPLES = """  slotune status
@@ -79,7 +81,7 @@ def render(status: dict) -> str:
     for d in status["decisions"][-6:]:
         stamp = time.strftime("%H:%M:%S", time.localtime(d["t"]))
         outcome = f"{d['outcome']}: {d['detail']}" if d.get("detail") else d["outcome"]
-        rows.append(f"  {stamp} {d['service']}.{d['setting']} {d['old']} -> {d['new']} [{outcome}] {d['reason']}")
+        rows.append(f"  {stamp} {d['service']}.{d['setting']} {shown(d['old'])} -> {shown(d['new'])} [{outcome}] {d['reason']}")
     if not status["decisions"]:
         rows.append("  none yet")
     return "\n".join(rows)

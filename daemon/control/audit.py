@@ -58,7 +58,18 @@ class Entry:
 
     def line(self) -> str:
         outcome = f"{self.outcome}: {self.detail}" if self.detail else self.outcome
-        return f"{self.service}.{self.setting}: {self.old} -> {self.new} ({outcome}) because {self.reason}"
+        return (f"{self.service}.{self.setting}: {shown(self.old)} -> {shown(self.new)} ({outcome}) "
+                f"because {self.reason}")
+
+
+def shown(value: float | None) -> str:
+    """A setting's value as a person reads it: 64, not 64.0; 0.3, not 0.30000000000000004
+    (the audit log's JSON keeps the exact value)."""
+    if value is None:
+        return "none"
+    if float(value).is_integer():
+        return str(int(value))
+    return f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
 
 
 class AuditError(OSError):

@@ -14,6 +14,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from daemon.control.audit import shown  # noqa: E402
+
 MARKS = {"pushed": ("^", "tab:green"), "rolled back": ("x", "tab:red"), "dry-run": ("o", "tab:gray")}
 
 
@@ -168,7 +170,7 @@ def write(path: Path, snaps: list[dict], decisions: list[dict], phases: list[tup
                  "<th>outcome</th><th>why</th></tr>")
     for d in decisions:
         parts.append(f"<tr><td>{d['t'] - t0:.0f}</td><td>{html.escape(d['service'])}.{html.escape(d['setting'])}</td>"
-                     f"<td>{d['old']} → {d['new']}</td>"
+                     f"<td>{shown(d['old'])} → {shown(d['new'])}</td>"
                      f"<td>{html.escape(d['outcome'] + (': ' + d['detail'] if d.get('detail') else ''))}</td>"
                      f"<td>{html.escape(d['reason'])}</td></tr>")
     parts.append("</table>")

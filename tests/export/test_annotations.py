@@ -90,8 +90,8 @@ def test_pushed_and_rolled_back_decisions_become_the_documented_requests(make_da
         assert body["time"] == round(entry.t * 1000) and body["dashboardUID"] == "slotune-service"
         assert set(body["tags"]) == {"slotune", f"host:{daemon.sinks.sinks[0].host}", "service:api", "tuner:throttle",
                                      "setting:rate_limit_rps", f"outcome:{entry.outcome.label}"}
-        assert f"api.rate_limit_rps: {entry.old} -> {entry.new} ({entry.outcome})" in body["text"]
-    assert "100.0 -> 90.0" in accepted[0]["text"] and "90.0 -> 100.0" in accepted[1]["text"]
+        assert f"api.rate_limit_rps: {entry.old:g} -> {entry.new:g} ({entry.outcome})" in body["text"]
+    assert "100 -> 90" in accepted[0]["text"] and "90 -> 100" in accepted[1]["text"]
     assert len(accepted) == len(shown), f"only pushed and rolled-back decisions, not {held}"
     wait_for(lambda: metric_value(daemon, "slotune_export_sent_total", sink="grafana") == len(shown),
              "both counted as sent")

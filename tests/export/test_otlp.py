@@ -123,7 +123,7 @@ def test_metrics_and_decisions_arrive_as_the_otlp_requests(make_daemon, collecto
     for entry, record in zip(pushed, collector.log_records()):
         fields = attrs(record.attributes)
         assert record.event_name == "slotune.decision" and record.time_unix_nano == round(entry.t * 1e9)
-        assert record.severity_text == "INFO" and f"{entry.old} -> {entry.new}" in record.body.string_value
+        assert record.severity_text == "INFO" and f"{entry.old:g} -> {entry.new:g}" in record.body.string_value
         assert fields == {"slotune.service": "api", "slotune.tuner": "throttle", "slotune.setting": "rate_limit_rps",
                           "slotune.outcome": "pushed", "slotune.old": entry.old, "slotune.new": entry.new,
                           "slotune.reason": entry.reason, "slotune.decision": entry.decision}
