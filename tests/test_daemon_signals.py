@@ -2,7 +2,7 @@
 Python process that sleeps in daemon.host.signals the way the main loop does and, from a
 trace function, sends itself SIGTERM at its k-th executed line, for every k through two
 turns of the loop: the handler then runs at that point of the wait. The daemon used to
-set a threading.Event from its handler; under this harness that design hung at 15 of 30
+set a threading.Event from its handler; under this harness that design hung at 24 of 40
 positions (2026-12-05, Python 3.11: the handler blocked on the Event's lock that the
 interrupted wait held), as a clean-clone CI run's daemon did once on SIGTERM."""
 import json

@@ -253,7 +253,6 @@ LIMIT_FIELDS = {"concurrency_limit": "limit"}
 RATE_FIELDS = {"rate_limit_rps": "rate"}
 
 
-
 def _refuse_no_limit(name: str, value: float) -> None:
     if value <= 0:
         raise ValueError(f"throttle tuner: {name} is {value:g} in force, which the service reads as no limit "
@@ -267,14 +266,14 @@ def _needs_a_limit(policy: Policy) -> Policy:
     up, it read as a limit of 1 that binds, and the first push set the bound's minimum on a
     service that had no limit (2 concurrent queries on the reference gateway). The loop stops
     the tuner with this reason in the audit log; a reload starts it again."""
-    (name, field), = policy.fields.items()
+    name, = policy.fields
 
     def initial_state(settings):
         _refuse_no_limit(name, setting(settings, name, "throttle"))
         return policy.initial_state(settings)
 
     def decide(state, obs):
-        _refuse_no_limit(name, getattr(state, field))    # resync wrote the value in force there
+        _refuse_no_limit(name, policy.held(state, name))    # resync wrote the value in force there
         return policy.decide(state, obs)
     return replace(policy, initial_state=initial_state, decide=decide)
 

@@ -16,6 +16,7 @@ import re
 import subprocess
 import time
 
+from daemon.collectors.kernel.targeting import CLOCK_TICKS, uptime_s
 from daemon.config import Control
 from daemon.control.actuators import ActuatorError, plain, read_back
 from daemon.control.actuators.safe_files import read_regular, replace_file
@@ -170,5 +171,6 @@ def workers(master: int) -> dict[int, int]:
 
 
 def _boot_ticks() -> int:
-    """Now, in the clock ticks /proc/PID/stat counts start times in (both count from boot)."""
-    return time.clock_gettime_ns(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK") // 1_000_000_000
+    """Now, in the clock ticks /proc/PID/stat counts start times in (/proc/uptime's
+    centiseconds: whole ticks at USER_HZ 100, rounded off the float product)."""
+    return round(uptime_s() * CLOCK_TICKS)
