@@ -215,9 +215,14 @@ class OtherTree(Tracer):
     (an earlier commit: `git worktree add /tmp/before <commit>`) has them, in a process of its own."""
 
     def __init__(self, tree: Path, watching: str = "watching nginx"):
-        commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+        git = ["git", "-C", str(tree)]
+        commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        edited = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"],
                                 capture_output=True, text=True).stdout.strip()
-        self.tree, self.name = tree, f"slotune at {commit or tree}, all families, {watching}"
+        # Named by its commit, and by its folder where it holds changes not committed: two
+        # edited trees of one commit are two variants, not one row of both trees' runs.
+        at = f"{commit} as edited in {tree}" if commit and edited else commit or str(tree)
+        self.tree, self.name = tree, f"slotune at {at}, all families, {watching}"
 
     def start(self, target):
         self.proc = subprocess.Popen([sys.executable, "-c", HOLD, str(target.port)], cwd=self.tree,
@@ -308,6 +313,9 @@ def alternate(target: Target, tracers: list[Tracer], rounds: int, stats: bool = 
     tracers rotates each round). Each traced run is kept with the untraced runs beside it,
     and with `stats` the BPF programs' run time in it."""
     out: dict[str, list[tuple[Run, Run, Run]]] = {t.name: [] for t in tracers}
+    names = [t.name for t in tracers]
+    if twice := sorted({n for n in names if names.count(n) > 1}):
+        raise SystemExit(f"variants of one name, whose runs would make one row: {'; '.join(twice)}")
     for r in range(rounds):
         order = tracers[r % len(tracers):] + tracers[:r % len(tracers)]
         before = Run(*target.measure())
@@ -338,11 +346,12 @@ def median_ci(values: list[float], resamples: int = 4000) -> tuple[float, float]
 def report(title: str, results: dict, seconds: float, unit: str = "req") -> list[str]:
     """The table of one server: ratios, rates and CPU per request (or per `unit`), then
     with --bpf-stats each variant's BPF run time per program (divided by the requests of `seconds`)."""
-    lines = [f"\n{title}", f"{'variant':<52} {f'{unit}/s vs untraced':>18} {'[min-max]':>13} {'95% CI':>13} "
+    w = max(52, *map(len, results))     # the variant column fits the longest name
+    lines = [f"\n{title}", f"{'variant':<{w}} {f'{unit}/s vs untraced':>18} {'[min-max]':>13} {'95% CI':>13} "
                            f"{f'{unit}/s':>8} {f'CPU µs/{unit}':>11} {f'kept by CPU/{unit}':>16} {'[min-max]':>13}"]
     base_rps = [b.rps for runs in results.values() for triple in runs for b in (triple[0], triple[2])]
     base_cpu = [b.cpu_us for runs in results.values() for triple in runs for b in (triple[0], triple[2])]
-    lines.append(f"{'no tracing':<52} {'1.00':>18} {'':>13} {'':>13} {statistics.median(base_rps):>8.0f} "
+    lines.append(f"{'no tracing':<{w}} {'1.00':>18} {'':>13} {'':>13} {statistics.median(base_rps):>8.0f} "
                  f"{statistics.median(base_cpu):>11.1f} {'1.00':>16}")
     for name, runs in results.items():
         if not runs:
@@ -353,7 +362,7 @@ def report(title: str, results: dict, seconds: float, unit: str = "req") -> list
         kept = [((b.cpu_us + a.cpu_us) / 2) / run.cpu_us for b, run, a in runs]
         cpu = statistics.median(run.cpu_us for _, run, _ in runs)
         lo, hi = median_ci(rel)
-        lines.append(f"{name:<52} {statistics.median(rel):>18.2f} {f'[{min(rel):.2f}-{max(rel):.2f}]':>13} "
+        lines.append(f"{name:<{w}} {statistics.median(rel):>18.2f} {f'[{min(rel):.2f}-{max(rel):.2f}]':>13} "
                      f"{f'[{lo:.3f}-{hi:.3f}]':>13} "
                      f"{statistics.median(r.rps for _, r, _ in runs):>8.0f} {cpu:>11.1f} "
                      f"{statistics.median(kept):>16.2f} {f'[{min(kept):.2f}-{max(kept):.2f}]':>13}")
