@@ -11,7 +11,8 @@ median, the server's CPU per request, and (--bpf-stats) the kernel's own run
 time of each slotune program per request. --targets keeps only what the
 issue's targets compare (watching nginx, watching nothing, bpftrace) and an A/A
 run, for many short rounds; --compare TREE adds the slotune of another checkout
-(an earlier commit) side by side.
+(an earlier commit) side by side, watching nginx (with --targets, watching
+nothing too).
 --sched-pipe adds a context-switch-heavy process slotune does not watch
 (`perf bench sched pipe`), beside bpftrace's runqlat; --empty adds empty
 programs on slotune's attach points, what attaching there costs alone.
@@ -211,10 +212,13 @@ c.close()
 
 
 class OtherTree(Tracer):
-    """All families watching the server, as the slotune checked out in another folder
-    (an earlier commit: `git worktree add /tmp/before <commit>`) has them, in a process of its own."""
+    """All families, as the slotune checked out in another folder (an earlier commit:
+    `git worktree add /tmp/before <commit>`) has them, in a process of its own, watching the
+    server or (watch=False) a port nothing listens on."""
 
-    def __init__(self, tree: Path, watching: str = "watching nginx"):
+    def __init__(self, tree: Path, watch: bool = True):
+        self.watch = watch
+        watching = "watching nginx" if watch else "watching nothing"
         git = ["git", "-C", str(tree)]
         commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         edited = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"],
@@ -225,7 +229,8 @@ class OtherTree(Tracer):
         self.tree, self.name = tree, f"slotune at {at}, all families, {watching}"
 
     def start(self, target):
-        self.proc = subprocess.Popen([sys.executable, "-c", HOLD, str(target.port)], cwd=self.tree,
+        port = target.port if self.watch else free_port()
+        self.proc = subprocess.Popen([sys.executable, "-c", HOLD, str(port)], cwd=self.tree,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline().strip()
         if line != "up":
@@ -411,6 +416,8 @@ def nginx_rounds(args, work: Path) -> list[str]:
             if args.empty:         # the floor: attaching there, doing nothing
                 tracers.append(Empty("empty programs on all of slotune's attach points", all_attach_points()))
             tracers += [OtherTree(tree) for tree in args.compare]
+            if args.targets:       # the other tree on both targets
+                tracers += [OtherTree(tree, watch=False) for tree in args.compare]
             try:
                 results = alternate(Target(spec, nginx.worker, nginx.port, measure), tracers, args.rounds,
                                     args.bpf_stats)
@@ -476,7 +483,7 @@ def pipe_rounds(args, work: Path) -> list[str]:
     tracers = [Slotune("slotune, all families, watching nothing", None, False, False),
                Slotune("slotune, runqueue only, watching nothing", ["runqueue"], False, False),
                Bpftrace("bpftrace runqlat-style", RUNQLAT)]
-    tracers += [OtherTree(tree, "watching nothing") for tree in args.compare]
+    tracers += [OtherTree(tree, watch=False) for tree in args.compare]
     if args.empty:
         points = ("sched:sched_switch", "sched:sched_wakeup", "sched:sched_wakeup_new")
         tracers += [Empty("empty programs on the scheduler's points", [empty(tp) for tp in points]),
@@ -504,7 +511,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-pin", dest="pin", action="store_false", help="leave nginx and wrk unpinned")
     ap.add_argument("--compare", type=Path, action="append", default=[], metavar="TREE",
                     help="also all families as the slotune checked out in TREE has them (e.g. a worktree "
-                         "of an earlier commit); nginx only")
+                         "of an earlier commit), watching nginx (with --targets also watching nothing)")
     ap.add_argument("--empty", action="store_true",
                     help="also empty programs on slotune's attach points: what attaching there costs alone")
     ap.add_argument("--targets", action="store_true",
