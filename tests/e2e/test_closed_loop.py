@@ -76,7 +76,6 @@ def test_dry_run_decides_but_pushes_nothing(stack, daemon_factory, fresh_setting
     assert re.search(r'slotune_tuner_decisions_total\{[^}]*outcome="dry_run"[^}]*\} [1-9]', d.metrics())
 
 
-
 def test_a_gateway_with_no_concurrency_limit_is_not_given_one(stack, daemon_factory, fresh_settings, rate):
     """The gateway's own 0 = no limit: the throttle stops, saying why, and pushes nothing
     (it used to read 0 as a binding limit of 1 and push the bound's minimum, 2)."""
