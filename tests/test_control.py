@@ -122,6 +122,42 @@ def test_a_change_followed_by_no_requests_is_kept_saying_so(tmp_path):
     assert [(e.detail, e.t) for e in judged][0] == ("no request answered since the change to judge by", 4.0)
 
 
+class CountingFile(FileActuator):
+    """The file actuator, counting how often the settings in force are read back."""
+    reads = 0
+
+    def current(self):
+        self.reads += 1
+        return super().current()
+
+
+def test_a_push_is_planned_on_the_settings_in_force_read_just_before(tmp_path):
+    control, path, audit = loop(tmp_path, max_step=5.0)
+    actuator = control.services["api"].actuator = CountingFile(str(path))
+    history = [window(1.0, 0.1)]                       # P99 under the SLO: x1.1 wanted, 5 allowed
+    assert [e.new for e in control.tick(Interval.at(1.0, {"api": history}))] == [105.0]
+    assert actuator.reads == 1                         # read once: the push is planned on that read
+    path.write_text(json.dumps({"rate_limit_rps": 200.0}))    # a person sets 200 by hand
+    history.append(window(2.0, 0.1))
+    entries = control.tick(Interval.at(2.0, {"api": history}))
+    assert actuator.reads == 2                         # read within REFRESH_S, as it was about to push...
+    assert Outcome.PUSHED not in [e.outcome for e in entries] and pushed(path) == 200.0   # ...on 105: not pushed
+    history.append(window(3.0, 0.1))
+    entries = [e for e in control.tick(Interval.at(3.0, {"api": history})) if e.outcome == Outcome.PUSHED]
+    assert [(e.old, e.new) for e in entries] == [(200.0, 205.0)] and pushed(path) == 205.0   # decided on 200
+
+
+def test_a_dry_run_reads_the_settings_in_force_every_refresh_s(tmp_path):
+    control, path, _ = loop(tmp_path, dry_run=True)
+    actuator = control.services["api"].actuator = CountingFile(str(path))
+    history = []
+    for t in range(1, 12):
+        history.append(window(float(t), 0.5))
+        control.tick(Interval.at(float(t), {"api": history}))
+    assert actuator.reads == 3                         # at 1, 6 and 11 s
+    assert control.services["api"].read_at == 11.0
+
+
 def test_control_surface_down_means_observe_only_with_back_off():
     conf = ServiceConf(ServiceSpec("api", cmdline="api", slo_p99_s=SLO),
                        control=Control("reference", url="http://127.0.0.1:1/admin/config"),

@@ -4,7 +4,10 @@ through the service's actuator behind the guards — finite values only, bounds,
 largest step, one change per setting per interval, a decision pushed whole or
 not at all, rollback when the SLO gets worse (retried until it lands),
 back-off when the control surface is down, and dry-run. Every decision is in
-the audit log before it is pushed; the guards' memory survives a restart."""
+the audit log before it is pushed; the guards' memory survives a restart. The
+settings in force are read back when a tuner is due, at most every REFRESH_S,
+and again just before anything is pushed: a decision taken on settings that
+have changed since is not pushed, the tuner decides again on what is in force."""
 from __future__ import annotations
 
 import logging
@@ -26,6 +29,7 @@ JUDGE_WAIT_INTERVALS = 3   # a change with no request answered since waits this 
 HOLD_INTERVALS = 3         # a rolled-back setting is left alone this many intervals,
 MAX_HOLD_S = 3600.0        # doubling with each rollback up to an hour
 MAX_BACKOFF_S = 60.0
+REFRESH_S = 5.0            # the settings in force are read at most this often, unless about to push
 
 
 def guarded(value: float, old: float | None, bounds: Bounds) -> float:
@@ -49,6 +53,7 @@ class ServiceControl:
     retry_at: float = 0.0
     backoff_s: float = 1.0
     reachable: bool = False
+    read_at: float = -math.inf     # when the settings in force were last read back
 
     @property
     def control_ok(self) -> bool:
@@ -113,12 +118,16 @@ class ControlLoop:
                     entries += self._decide(sc, tconf, interval, recent)
         return entries
 
-    def _refresh(self, sc: ServiceControl, now: float) -> bool:
-        """Read the live settings; on failure back off (1 s doubling to 60 s) and say so once."""
-        if now < sc.retry_at:
+    def _refresh(self, sc: ServiceControl, now: float, fresh: bool = False) -> bool:
+        """Read the live settings (unless read less than REFRESH_S ago and not `fresh`);
+        on failure back off (1 s doubling to 60 s) and say so once; `fresh` reads through the back-off."""
+        if now < sc.retry_at and not fresh:
             return False
+        if sc.reachable and not fresh and now - sc.read_at < REFRESH_S:
+            return True
         try:
             sc.settings.update(sc.actuator.current())
+            sc.read_at = now
             if not sc.reachable:
                 log.info("service %s: control surface reachable", sc.conf.name)
             sc.reachable, sc.backoff_s = True, 1.0
@@ -215,6 +224,10 @@ class ControlLoop:
 
     def _apply(self, sc, tconf, now, changes, reason, recent) -> list[Entry]:
         planned, stop, why = self._plan(sc, tconf, now, changes, reason)
+        if planned and sc.actuator is not None and not self.dry_run and now != sc.read_at:
+            decided_on = dict(sc.settings)
+            if not self._refresh(sc, now, fresh=True) or sc.settings != decided_on:
+                return []     # unreachable, or changed since: the tuner decides again on what is in force
         if not planned:
             return []
         if stop is not None:
@@ -302,8 +315,10 @@ class ControlLoop:
         """Put back, service by service, the values in force before slotune first changed them."""
         entries = []
         for sc in self.services.values():
+            if sc.actuator is None or self.dry_run or not sc.guard.originals or not self._refresh(sc, now, fresh=True):
+                continue
             back = {k: v for k, v in sc.guard.originals.items() if sc.settings.get(k) != v}
-            if not back or sc.actuator is None or self.dry_run:
+            if not back:
                 continue
             planned = [Entry(now, sc.conf.name, "restore", k, sc.settings.get(k), v, "slotune stopped with "
                              "--restore-on-exit", Outcome.RESTORED, decision=self.audit.new_decision())
