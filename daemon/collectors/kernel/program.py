@@ -16,7 +16,7 @@ import bpf as bpf_sources
 from daemon.collectors.kernel.families import SIGNAL_IDS
 from daemon.collectors.kernel.family import Attachment, Family
 from daemon.collectors.kernel.helpers import missing
-from daemon.collectors.kernel.maps import arrays
+from daemon.collectors.kernel.maps import arrays, percpu_sums
 from daemon.model.histogram import SLOTS, SUB, SUB_BITS
 
 log = logging.getLogger(__name__)
@@ -193,11 +193,14 @@ class Program:
         for family in self.families:
             for name, (signal, labels) in family.service_arrays.items():
                 table = self.bpf[name]
-                for sid in service_ids:
+                ids = [sid for sid in service_ids if (sid + 1) * labels <= table.max_entries]
+                if not ids:
+                    continue
+                first = min(ids) * labels
+                sums = percpu_sums(table, first, (max(ids) + 1) * labels - first)
+                for sid in ids:
                     for label in range(labels):
-                        slot = sid * labels + label
-                        n = table.sum(ctypes.c_int(slot)).value if slot < table.max_entries else 0
-                        if n:
+                        if n := sums[sid * labels + label - first]:
                             out[(sid, SIGNAL_IDS[signal], label)] = n
         return out
 
@@ -209,8 +212,7 @@ class Program:
 
     def map_full(self) -> dict[str, int]:
         """Inserts the kernel side refused so far, per map name (bpf/common.h map_full)."""
-        table = self.bpf["map_full"]
-        return {name: table.sum(ctypes.c_int(i)).value for i, name in enumerate(MAP_ENTRIES)}
+        return dict(zip(MAP_ENTRIES, percpu_sums(self.bpf["map_full"], 0, len(MAP_ENTRIES))))
 
     def prog_ids(self) -> list[int]:
         """Kernel ids of the loaded programs (to check that close() leaves none)."""
