@@ -131,7 +131,8 @@ class CountingFile(FileActuator):
         return super().current()
 
 
-def test_a_push_is_planned_on_the_settings_in_force_read_just_before(tmp_path):
+def test_a_push_is_planned_on_the_settings_in_force_read_just_before(tmp_path, caplog):
+    caplog.set_level("INFO", logger="daemon.control.loop")
     control, path, audit = loop(tmp_path, max_step=5.0)
     actuator = control.services["api"].actuator = CountingFile(str(path))
     history = [window(1.0, 0.1)]                       # P99 under the SLO: x1.1 wanted, 5 allowed
@@ -142,6 +143,7 @@ def test_a_push_is_planned_on_the_settings_in_force_read_just_before(tmp_path):
     entries = control.tick(Interval.at(2.0, {"api": history}))
     assert actuator.reads == 2                         # read within REFRESH_S, as it was about to push...
     assert Outcome.PUSHED not in [e.outcome for e in entries] and pushed(path) == 200.0   # ...on 105: not pushed
+    assert "rate_limit_rps = 200 changed since the tuner decided" in caplog.text
     history.append(window(3.0, 0.1))
     entries = [e for e in control.tick(Interval.at(3.0, {"api": history})) if e.outcome == Outcome.PUSHED]
     assert [(e.old, e.new) for e in entries] == [(200.0, 205.0)] and pushed(path) == 205.0   # decided on 200

@@ -224,10 +224,6 @@ class ControlLoop:
 
     def _apply(self, sc, tconf, now, changes, reason, recent) -> list[Entry]:
         planned, stop, why = self._plan(sc, tconf, now, changes, reason)
-        if planned and sc.actuator is not None and not self.dry_run and now != sc.read_at:
-            decided_on = dict(sc.settings)
-            if not self._refresh(sc, now, fresh=True) or sc.settings != decided_on:
-                return []     # unreachable, or changed since: the tuner decides again on what is in force
         if not planned:
             return []
         if stop is not None:
@@ -241,6 +237,8 @@ class ControlLoop:
                                         "restart the service") for e in planned])
         if self.dry_run or sc.actuator is None:
             return self._audit([replace(e, outcome=Outcome.DRY_RUN) for e in planned])
+        if not self._in_force_as_decided(sc, now):
+            return []
         decision = self.audit.new_decision()
         planned = [replace(e, decision=decision) for e in planned]
         if not self._audit(planned):
@@ -256,6 +254,20 @@ class ControlLoop:
         for e in planned:
             sc.guard.changed(e, now, tconf.interval_s, recent.p99, recent.offered_rps)
         return planned
+
+    def _in_force_as_decided(self, sc: ServiceControl, now: float) -> bool:
+        """Read the settings in force again before a push (unless read this tick): False when
+        they cannot be read, or changed since the tuner decided (it decides again on them)."""
+        if now == sc.read_at:
+            return True
+        decided_on = dict(sc.settings)
+        if not self._refresh(sc, now, fresh=True):
+            return False
+        changed = {k: v for k, v in sc.settings.items() if decided_on.get(k) != v}
+        if changed:
+            log.info("service %s: %s changed since the tuner decided; nothing pushed, it decides again on "
+                     "the values in force", sc.conf.name, ", ".join(f"{k} = {plain(v)}" for k, v in changed.items()))
+        return not changed
 
     def _judge(self, sc: ServiceControl, interval: Interval) -> list[Entry]:
         """Roll back a change whose next interval has a clearly worse P99 under a similar load;
@@ -315,7 +327,9 @@ class ControlLoop:
         """Put back, service by service, the values in force before slotune first changed them."""
         entries = []
         for sc in self.services.values():
-            if sc.actuator is None or self.dry_run or not sc.guard.originals or not self._refresh(sc, now, fresh=True):
+            if sc.actuator is None or self.dry_run or not sc.guard.originals:
+                continue
+            if not self._refresh(sc, now, fresh=True):      # put back only what differs from what is in force
                 continue
             back = {k: v for k, v in sc.guard.originals.items() if sc.settings.get(k) != v}
             if not back:
