@@ -5,11 +5,11 @@ settings and to read services' /metrics.
 
 A GET's connection is kept for the next GET to the same place, as Prometheus
 keeps its scrape connections open: at a scrape a second, a new connection took
-0.63-0.66 ms of the daemon's CPU an exchange, a kept one 0.49 (docs/overhead.md). Only a connection whose
-answer was read whole and that the server did not close is kept, one per
-place, and only while idle and silent: one the server closed, or that has bytes
-nobody asked for, is dropped before use, and a GET that finds its kept
-connection closed under it is sent once more on a new one, by the same
+0.63-0.66 ms of the daemon's CPU an exchange, a kept one 0.49 (docs/overhead.md).
+Only a connection whose answer was read whole and that the server did not close
+is kept, one per place, and only while idle and silent: one the server closed,
+or that has bytes nobody asked for, is dropped before use, and a GET that finds
+its kept connection closed under it is sent once more on a new one, by the same
 deadline. Anything else (a push, a failure, an answer over the cap) closes it."""
 from __future__ import annotations
 
