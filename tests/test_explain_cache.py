@@ -11,6 +11,7 @@ import random
 
 import numpy as np
 
+from daemon.attribution import explain
 from daemon.attribution.explain import explain_all
 from daemon.model.histogram import BucketHistogram, Histogram
 from daemon.model.window import EBPF_LATENCY, Window
@@ -99,3 +100,26 @@ def test_explanations_from_kept_statistics_equal_a_fresh_recompute():
         named += sum(bool(e.top_cause) for e in kept.values())
     assert compared >= 18 and named > 0 and followed > 40 and spans_followed > 40, \
         (compared, named, followed, spans_followed)
+
+
+def test_the_timed_column_reads_only_the_windows_added_since(monkeypatch):
+    """timing_source() over a horizon that slid on by two windows reads those two only, and
+    one that does not continue the last (a window in it replaced) is read afresh, whole."""
+    rng = random.Random(5)
+    ws = [window(rng, "tools", float(t)) for t in range(40)]
+    reads = []
+    real = explain._timed
+    monkeypatch.setattr(explain, "_timed", lambda w, source: reads.append(w) or real(w, source))
+
+    def counted(horizon) -> tuple[str, int, int]:
+        reads.clear()
+        source = explain.timing_source(horizon)
+        kernel, own = (sum(real(w, s) for w in horizon) for s in ("ebpf", "service"))
+        return source, len(reads), kernel + own
+
+    assert counted(ws[:30])[1] == 60
+    source, read, total = counted(ws[2:32])
+    assert read == 4 and source == explain.timing_source(fresh(ws[2:32]))
+    assert sum(explain._timed_column(ws[2:32], "ebpf")) + sum(explain._timed_column(ws[2:32], "service")) == total
+    replaced = ws[4:30] + fresh(ws[30:31]) + ws[31:34]      # the kept column is found, on ws[31]
+    assert counted(replaced)[1] == 2 * len(replaced)

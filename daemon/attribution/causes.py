@@ -138,8 +138,7 @@ def tool_readings(span: Window) -> dict[str, Reading]:
     """P99 of each tool call as the caller times it, from <caller>_tool_duration_seconds{tool=NAME}."""
     by_tool: dict[str, object] = {}
     for (fam, label), h in span.histograms.items():
-        tool = labels.value(label, "tool")
-        if tool and fam.endswith("_tool_duration_seconds"):
+        if fam.endswith("_tool_duration_seconds") and (tool := labels.value(label, "tool")):
             by_tool[tool] = by_tool[tool].plus(h) if tool in by_tool else h
     out = {}
     for tool, h in by_tool.items():

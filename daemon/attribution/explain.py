@@ -51,7 +51,7 @@ import math
 import operator
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from itertools import compress, groupby, repeat
+from itertools import compress, groupby
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -73,7 +73,7 @@ MIN_BASELINE_SPANS = 5
 RECENT_S = 2.0           # the span judged: two collection windows at the default 1 s
 HORIZON_S = 300.0        # look-back: a fault stays named until it fills half of it
 SAME_REQUESTS = 0.8       # the kernel's request count within this of the service's own: same requests
-ROWS_KEPT = 4            # windows back a call looks for the jitter rows the last call kept
+ROWS_KEPT = 4            # windows back a call looks for what the last call kept (_handed)
 BASELINE_SPANS = 60      # the calm spans the baseline is summarised from, latest first
 LOAD_RISE = 0.2          # requests coming this much above the baseline's usual rate are more load
 QUEUES = ("batch_queue_wait",)   # the queueing more load explains
@@ -138,7 +138,10 @@ def _finite(v: float) -> float | None:
 
 
 def merge(windows: Sequence[Window]) -> Window:
-    """One Window spanning several: histograms and counters summed, gauges averaged."""
+    """One Window spanning several: histograms and counters summed, gauges averaged
+    (a span of one window is that window)."""
+    if len(windows) == 1:
+        return windows[0]
     first, last = windows[0], windows[-1]
     histograms: dict = {}
     counters: dict = {}
@@ -152,7 +155,7 @@ def merge(windows: Sequence[Window]) -> Window:
             gauges.setdefault(key, []).append(v)
     return Window(first.service, first.start, last.end, last.slo_p99_s, merged_latency(list(windows)),
                   last.latency_source, sum(w.errors for w in windows), sum(w.rejected for w in windows),
-                  histograms, counters, {k: float(np.mean(v)) for k, v in gauges.items()}, last.slo_ttft_s,
+                  histograms, counters, {k: sum(v) / len(v) for k, v in gauges.items()}, last.slo_ttft_s,
                   last.slo_tpot_s, merged_tokens(list(windows), "ttft"), merged_tokens(list(windows), "tpot"))
 
 
@@ -166,8 +169,8 @@ def timing_source(windows: Sequence[Window]) -> str:
     metrics scrapes (a TLS service's requests are encrypted, its /metrics is not);
     counted over all the windows, as a scrape and a map read never split one
     second the same way."""
-    kernel = sum(map(_timed, windows, repeat("ebpf")))
-    own = sum(map(_timed, windows, repeat("service")))
+    kernel = sum(_timed_column(windows, "ebpf"))
+    own = sum(_timed_column(windows, "service"))
     return "ebpf" if kernel and kernel >= SAME_REQUESTS * own else "service"
 
 
@@ -195,8 +198,9 @@ class _Stats:
 # where the window is the span's first (windows leave the history oldest first, so its last
 # lives as long); ("timed", source) -> requests timed; "ended" -> when it ended and its P99;
 # ("jitter rows", source) -> the _JitterRows of the horizon it was the newest window of;
-# ("spans", source, span_s) -> the baseline's chunks and their _Stats, when it was the last
-# window before the recent span.
+# ("timed column", source) -> the horizon it was the newest window of and each window's
+# requests timed; ("spans", source, span_s) -> the baseline's chunks and their _Stats, when
+# it was the last window before the recent span.
 
 
 def _timed(w: Window, source: str) -> int:
@@ -207,6 +211,37 @@ def _timed(w: Window, source: str) -> int:
         h = request_timing(w, source)
         w.derived[("timed", source)] = count = h.count if h is not None else 0
         return count
+
+
+def _handed(ws: Sequence[Window], key) -> object:
+    """What the last call kept under key with its newest window, one of ws' ROWS_KEPT
+    newest (the daemon explains every RECENT_S), taken off it; None where there is none."""
+    return next((w.derived.pop(key) for w in ws[-1:-1 - ROWS_KEPT:-1] if key in w.derived), None)
+
+
+def _continued(held: Sequence[Window], ws: Sequence[Window]) -> int | None:
+    """Where ws begins in held, when ws continues held (its windows from there are ws'
+    first ones: some gone at the front, some new at the back); None when it does not."""
+    first = next((i for i, w in enumerate(held) if w is ws[0]), None) if ws else None
+    if first is None or len(held) - first > len(ws) or not all(map(operator.is_, held[first:], ws)):
+        return None
+    return first
+
+
+def _timed_column(ws: Sequence[Window], source: str) -> list[int]:
+    """_timed of each of ws, from the column the last call kept (_handed), reading only
+    the windows added since; kept with ws' newest for the next call."""
+    key = ("timed column", source)
+    kept = _handed(ws, key)
+    first = _continued(kept[0], ws) if kept is not None else None
+    if first is None:
+        counts = [_timed(w, source) for w in ws]
+    else:
+        counts = kept[1][first:]
+        counts += [_timed(w, source) for w in ws[len(counts):]]
+    if ws:
+        ws[-1].derived[key] = (ws, counts)
+    return counts
 
 
 def _ended(w: Window) -> tuple[float, float | None]:
@@ -233,7 +268,7 @@ def _stats(ws: Sequence[Window], source: str) -> _Stats:
         return known[key]
     span = merge(ws)
     timing = request_timing(span, source)
-    p50, p99 = (timing.quantile(0.5), timing.quantile(0.99)) if timing is not None else (math.nan, math.nan)
+    p50, p99 = timing.quantiles((0.5, 0.99)) if timing is not None else (math.nan, math.nan)
     value = _Stats(p50, p99, causes.read_all(span, source if source in TOKENS else "latency"),
                    _arrivals(span, source) / span.seconds)
     known[key] = value
@@ -265,7 +300,7 @@ def _spans(older: list[Window], source: str, span_s: float) -> list[_Stats]:
     if not older:
         return []
     key = ("spans", source, span_s)
-    kept = next((w.derived.pop(key) for w in older[-1:-1 - ROWS_KEPT:-1] if key in w.derived), None)
+    kept = _handed(older, key)
     chunks = _follow_chunks(kept[0], older, span_s) if kept else None
     if chunks is None:
         chunks = _chunks(older, span_s)
@@ -308,7 +343,7 @@ def _split(windows: Sequence[Window], now: float, recent_s: float, horizon_s: fl
     source: "ttft" or "tpot" to split those, else the request timing's."""
     horizon = _ending_in(windows, now - horizon_s, now)
     source = source or timing_source(horizon)
-    live = list(compress(horizon, map(_timed, horizon, repeat(source))))
+    live = list(compress(horizon, _timed_column(horizon, source)))
     cut = bisect_right(live, now - recent_s, key=operator.attrgetter("end"))
     recent, older = live[cut:], live[:cut]
     spans = _spans(older, source, recent_s)
@@ -455,12 +490,10 @@ class _JitterRows:
 
     def follow(self, ws: Sequence[Window]) -> bool:
         """Become the rows of ws, if ws continues the windows held (False: start afresh)."""
-        first = next((i for i, w in enumerate(self.windows) if w is ws[0]), None)
+        first = _continued(self.windows, ws)
         if first is None:
             return False
         held = len(self.windows) - first
-        if held > len(ws) or not all(map(operator.is_, self.windows[first:], ws[:held])):
-            return False
         for names in self.named[:first]:
             for cause in names:
                 self.read_in[cause] -= 1
@@ -501,7 +534,7 @@ def _jitter_rows(ws: Sequence[Window], source: str) -> _JitterRows:
     """The rows of ws, from those kept with one of its ROWS_KEPT newest windows (the last
     call's newest: the daemon explains every RECENT_S), else read afresh."""
     key = ("jitter rows", source)
-    rows = next((w.derived.pop(key) for w in ws[-1:-1 - ROWS_KEPT:-1] if key in w.derived), None)
+    rows = _handed(ws, key)
     if rows is None or not rows.follow(ws):
         rows = _JitterRows(source)
         for w in ws:
@@ -597,8 +630,8 @@ class _Explainer:
         """No explanation yet: too few windows with requests, or none lately (a server whose
         running batch admits nobody gives no first token however many wait)."""
         name = f"{service}{' ' + what if what else ''}"
-        timed = [w for w in windows if (h := getattr(w, what.lower()) if what else w.latency) is not None and h.count
-                 and w.end > self.now - self.horizon_s]
+        timed = [w for w in _ending_in(windows, self.now - self.horizon_s, math.inf)
+                 if (_timed(w, what.lower()) if what else w.requests)]
         if timed and timed[-1].end <= self.now - self.recent_s and len(timed) > MIN_BASELINE_SPANS:
             queued = causes.waiting(windows[-1])
             return Explanation(service, f"{name}: no request timed in the last {self.recent_s:g} s"

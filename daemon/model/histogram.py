@@ -71,18 +71,25 @@ class Histogram:
         exact sum says the observations sit (see occupied()): 5 ms sleeps, 5.05 to
         5.2 ms each in the bucket 4.72 to 5.24 ms, read 5.1 ms at P50 where the
         bucket's middle would say 4.98 ms."""
+        return self.quantiles((q,))[0]
+
+    def quantiles(self, qs: tuple[float, ...]) -> list[float]:
+        """quantile() of each q, the buckets summed once for all."""
         n = self.count
         if n == 0:
-            return float("nan")
-        rank = min(max(q, 0.0), 1.0) * n
+            return [float("nan")] * len(qs)
         cumulative = np.cumsum(self.counts)
         filled = np.flatnonzero(self.counts)
-        slot = int(np.searchsorted(cumulative, rank, side="left"))
-        slot = min(max(slot, int(filled[0])), int(filled[-1]))
-        before = cumulative[slot - 1] if slot else 0
-        frac = min(max((rank - before) / self.counts[slot], 0.0), 1.0)
         start, end = self.occupied()
-        return (LOWS[slot] + WIDTHS[slot] * (start + (end - start) * frac)) / 1e9
+        out = []
+        for q in qs:
+            rank = min(max(q, 0.0), 1.0) * n
+            slot = int(np.searchsorted(cumulative, rank, side="left"))
+            slot = min(max(slot, int(filled[0])), int(filled[-1]))
+            before = cumulative[slot - 1] if slot else 0
+            frac = min(max((rank - before) / self.counts[slot], 0.0), 1.0)
+            out.append((LOWS[slot] + WIDTHS[slot] * (start + (end - start) * frac)) / 1e9)
+        return out
 
     def occupied(self) -> tuple[float, float]:
         """The part [start, end] of every bucket (0 its low edge, 1 its high one)
@@ -168,11 +175,17 @@ class BucketHistogram:
                                self.total_s)
 
     def quantile(self, q: float) -> float:
+        return self.quantiles((q,))[0]
+
+    def quantiles(self, qs: tuple[float, ...]) -> list[float]:
+        """quantile() of each q, the buckets summed once for all."""
         n = self.counts.sum()
         if n <= 0:
-            return float("nan")
-        rank = q * n
+            return [float("nan")] * len(qs)
         cumulative = np.cumsum(self.counts)
+        return [self._at(q * n, cumulative) for q in qs]
+
+    def _at(self, rank: float, cumulative: np.ndarray) -> float:
         i = min(int(np.searchsorted(cumulative, rank, side="left")), len(self.bounds_s) - 1)
         if np.isinf(self.bounds_s[i]):  # as PromQL: the highest finite bound
             return self.bounds_s[i - 1] if i else float("nan")
