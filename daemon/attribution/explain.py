@@ -52,7 +52,7 @@ import operator
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from itertools import compress, groupby
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 from scipy.optimize import nnls
@@ -198,9 +198,9 @@ class _Stats:
 # where the window is the span's first (windows leave the history oldest first, so its last
 # lives as long); ("timed", source) -> requests timed; "ended" -> when it ended and its P99;
 # ("jitter rows", source) -> the _JitterRows of the horizon it was the newest window of;
-# ("timed column", source) -> the horizon it was the newest window of and each window's
-# requests timed; ("spans", source, span_s) -> the baseline's chunks and their _Stats, when
-# it was the last window before the recent span.
+# ("timed column", source), "ended column" -> the windows it was the newest of and each
+# one's requests timed, or _ended; ("spans", source, span_s) -> the baseline's chunks and
+# their _Stats, when it was the last window before the recent span.
 
 
 def _timed(w: Window, source: str) -> int:
@@ -228,20 +228,24 @@ def _continued(held: Sequence[Window], ws: Sequence[Window]) -> int | None:
     return first
 
 
-def _timed_column(ws: Sequence[Window], source: str) -> list[int]:
-    """_timed of each of ws, from the column the last call kept (_handed), reading only
-    the windows added since; kept with ws' newest for the next call."""
-    key = ("timed column", source)
+def _column(ws: Sequence[Window], key, value: Callable[[Window], object]) -> list:
+    """value(w) for each of ws, from the column the last call kept under key (_handed),
+    reading only the windows added since; kept with ws' newest for the next call."""
     kept = _handed(ws, key)
     first = _continued(kept[0], ws) if kept is not None else None
     if first is None:
-        counts = [_timed(w, source) for w in ws]
+        column = [value(w) for w in ws]
     else:
-        counts = kept[1][first:]
-        counts += [_timed(w, source) for w in ws[len(counts):]]
+        column = kept[1][first:]
+        column += [value(w) for w in ws[len(column):]]
     if ws:
-        ws[-1].derived[key] = (ws, counts)
-    return counts
+        ws[-1].derived[key] = (ws, column)
+    return column
+
+
+def _timed_column(ws: Sequence[Window], source: str) -> list[int]:
+    """_timed of each of ws."""
+    return _column(ws, ("timed column", source), lambda w: _timed(w, source))
 
 
 def _ended(w: Window) -> tuple[float, float | None]:
@@ -553,8 +557,8 @@ def _jitter(split: _Split, downstream_windows: Mapping[str, Sequence[Window]]) -
     columns = rows.in_order()
     for name, dws in downstream_windows.items():
         near = _ending_in(dws, ws[0].end - 0.001, ws[-1].end + 0.001)   # all that round to ws' ends
-        by_end = dict(ended for w in near if (ended := _ended(w))[1] is not None)
-        columns[f"downstream:{name}"] = [by_end.get(_ended(w)[0], math.nan) for w in ws]
+        by_end = dict(ended for ended in _column(near, "ended column", _ended) if ended[1] is not None)
+        columns[f"downstream:{name}"] = [by_end.get(end, math.nan) for end, _ in _column(ws, "ended column", _ended)]
     table = np.array(list(columns.values()), dtype=float).reshape(len(columns), len(ws))   # a row per cause
     varies = np.isfinite(table).all(axis=1)
     varies[varies] = table[varies].std(axis=1) > 0
