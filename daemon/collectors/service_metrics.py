@@ -78,7 +78,7 @@ def parse(text: str, wanted: Callable[[str], bool] = lambda name: True, known: d
     hists = {}
     for key, pairs in buckets.items():
         h = BucketHistogram.from_cumulative(pairs, sums.get(key, 0.0))
-        if not all(0 <= c < math.inf for c in h.counts) or not math.isfinite(h.total_s):
+        if not (0 <= h.counts.min() and h.counts.max() < math.inf and math.isfinite(h.total_s)):
             raise ValueError(f"histogram {key[0]}{{{key[1]}}}: cumulative bucket counts must be finite "
                              "and never go down")
         hists[key] = h

@@ -145,10 +145,8 @@ class BucketHistogram:
 
     @classmethod
     def from_cumulative(cls, pairs: list[tuple[float, float]], total_s: float) -> "BucketHistogram":
-        pairs = sorted(pairs)
-        bounds = tuple(le for le, _ in pairs)
-        cumulative = np.array([c for _, c in pairs], dtype=np.float64)
-        return cls(bounds, np.diff(cumulative, prepend=0.0), total_s)
+        bounds, cumulative = zip(*sorted(pairs))
+        return cls(bounds, np.subtract(cumulative, (0.0, *cumulative[:-1]), dtype=np.float64), total_s)
 
     @property
     def count(self) -> int:
