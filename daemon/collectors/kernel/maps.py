@@ -13,12 +13,14 @@ U32, U16 = ctypes.c_uint32, ctypes.c_uint16
 def arrays(table) -> tuple[np.ndarray, np.ndarray]:
     """All entries of a hash map as two numpy arrays (keys structured by the key's
     fields, values), read in batch calls into buffers kept per map: no Python
-    object per entry, nothing allocated per interval. Falls back to items()."""
+    object per entry, nothing allocated per interval (the buffers and their numpy types
+    are made once per map). Falls back to items()."""
     from bcc.libbcc import lib
     buffers = getattr(table, "slotune_buffers", None)   # kept on the table: lives and dies with its map
     if buffers is None:
-        buffers = table.slotune_buffers = ((table.Key * table.max_entries)(), (table.Leaf * table.max_entries)())
-    keys, values = buffers
+        buffers = table.slotune_buffers = ((table.Key * table.max_entries)(), (table.Leaf * table.max_entries)(),
+                                           np.dtype(table.Key), np.dtype(table.Leaf))
+    keys, values, key_type, value_type = buffers
     batch, count, total = ctypes.c_uint32(0), ctypes.c_uint32(0), 0
     while total < table.max_entries:
         count.value = table.max_entries - total
@@ -31,8 +33,8 @@ def arrays(table) -> tuple[np.ndarray, np.ndarray]:
             if err != errno.ENOENT:
                 return _from_items(table)
             break
-    return (np.frombuffer(keys, dtype=np.dtype(table.Key), count=total).copy(),
-            np.frombuffer(values, dtype=np.dtype(table.Leaf), count=total).copy())
+    return (np.frombuffer(keys, dtype=key_type, count=total).copy(),
+            np.frombuffer(values, dtype=value_type, count=total).copy())
 
 
 def percpu_sums(table, first: int, count: int) -> list[int]:
