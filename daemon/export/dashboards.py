@@ -348,6 +348,15 @@ def kernel() -> dict:
                          "Each kernel probe: green attached, red detached (its signals are missing)."), w=16)
     b.add(stat("Processes found per service", [(f"slotune_service_processes{{{SVC}}}", "{{service}}")], "none",
                "0 means the service's finders match no process.", [(1, "green")], base="red"), w=8)
+    b.add(timeseries("CPU the probes take", [(rate_sum("slotune_bpf_program_run_seconds_total", "program", INST),
+                                              "{{program}}")], "percentunit",
+                     "Share of one CPU the kernel spent running each slotune BPF program. Counted only while "
+                     "kernel.bpf_stats_enabled is 1, which itself adds ~20-30 ns to every BPF program run.",
+                     stack=True))
+    b.add(timeseries("Time per probe run", [(
+        f'{rate_sum("slotune_bpf_program_run_seconds_total", "program", INST)} / '
+        f'{rate_sum("slotune_bpf_program_runs_total", "program", INST)}', "{{program}}")], "s",
+        "Mean time of one run of each slotune BPF program, as the kernel times it."))
     return b.json()
 
 

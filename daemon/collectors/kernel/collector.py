@@ -3,9 +3,10 @@ one BPF object, and each interval turns the kernel's cumulative maps into one
 Sample of deltas per service. collect() never raises: a map it cannot read keeps
 its last value (its deltas come with the next interval that reads it), each kind
 of failure is logged once. Inserts a full map refused, the kernel's and its own
-into `watched`, are counted in slotune_bpf_map_full_total{map}. A program a
-service starts is watched as it execs (arrivals.py: a thread, which takes the
-collector's lock in turn with the rescan). The daemon's rescan of /proc runs every
+into `watched`, are counted in slotune_bpf_map_full_total{map}; what each BPF
+program costs, as the kernel counts it, in slotune_bpf_program_*{program}. A
+program a service starts is watched as it execs (arrivals.py: a thread, which takes
+the collector's lock in turn with the rescan). The daemon's rescan of /proc runs every
 rescan_s while that thread runs (exec, fork and exit are caught in the kernel; a
 port finder, the process list the GPU collector reads and late libraries wait for
 it), every collect() without it. close() detaches everything and is idempotent."""
@@ -23,6 +24,7 @@ from daemon.collectors.kernel.families import SIGNAL_NAMES, make_families
 from daemon.collectors.kernel.map_full import MapFull
 from daemon.collectors.kernel.maps import U32, items
 from daemon.collectors.kernel.program import HINT_SLOTS, MAP_ENTRIES, Program
+from daemon.collectors.kernel.program_cost import ProgramCost, say_at_start
 from daemon.model.histogram import Histogram
 from daemon.model.service import ServiceSpec
 from daemon.collectors.kernel.targeting import ServiceProcesses, Targeting, threads
@@ -41,6 +43,7 @@ class KernelCollector:
         self.families = make_families(families)
         self.map_entries = {**MAP_ENTRIES, **(map_entries or {})}   # map name -> entries
         self.map_full = MapFull(self.map_entries)
+        self.program_cost = ProgramCost(lambda: program.fds() if (program := self.program) else {})
         self.family_of = {s.name: f for f in self.families for s in f.signals}   # signal -> family
         self.program: Program | None = None
         self.targeting: Targeting | None = None
@@ -71,7 +74,7 @@ class KernelCollector:
         return self.attached
 
     def metric_families(self):
-        return (self.map_full,)
+        return self.map_full, self.program_cost
 
     def start(self, services: list[ServiceSpec]) -> None:
         self.targeting = Targeting(services)   # bad declarations raise here, with the fix
@@ -83,6 +86,7 @@ class KernelCollector:
             log.error("kernel probes could not load (%s); run `slotune doctor` for the fix", exc)
             return
         self.program.attach_tracepoints()
+        say_at_start()
         self.refresh()
         self.last = self._read()
         self.arrivals = self._try("exec watch start", None, Arrivals, self.program, self.adopt)

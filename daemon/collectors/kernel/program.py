@@ -214,13 +214,20 @@ class Program:
         """Inserts the kernel side refused so far, per map name (bpf/common.h map_full)."""
         return dict(zip(MAP_ENTRIES, percpu_sums(self.bpf["map_full"], 0, len(MAP_ENTRIES))))
 
+    def fds(self) -> dict[str, int]:
+        """Each loaded program's name -> its fd."""
+        return {name.decode(): fn.fd for name, fn in list(self.bpf.funcs.items())}   # BCC names them in bytes
+
     def prog_ids(self) -> list[int]:
         """Kernel ids of the loaded programs (to check that close() leaves none)."""
-        ids = []
-        for fn in self.bpf.funcs.values():
-            info = open(f"/proc/self/fdinfo/{fn.fd}").read()
-            ids += [int(line.split()[1]) for line in info.splitlines() if line.startswith("prog_id:")]
-        return ids
+        return [int(fdinfo(fd)["prog_id"]) for fd in self.fds().values()]
 
     def close(self) -> None:
         self.bpf.cleanup()
+
+
+def fdinfo(fd: int) -> dict[str, str]:
+    """The fields the kernel shows for one of this process's fds (/proc/self/fdinfo):
+    for a loaded BPF program its prog_id, and its run_time_ns and run_cnt."""
+    with open(f"/proc/self/fdinfo/{fd}") as f:
+        return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in f)}
