@@ -6,6 +6,7 @@ without calling that parser; on odd and broken text, and on thousands of random
 edits of a plain body, every outcome (what the collector keeps, or the error)
 is the parser's."""
 import random
+import re
 
 import pytest
 from prometheus_client import (CollectorRegistry, Counter, Enum, Gauge, GCCollector, Histogram, Info,
@@ -13,6 +14,7 @@ from prometheus_client import (CollectorRegistry, Counter, Enum, Gauge, GCCollec
 from prometheus_client.parser import text_string_to_metric_families
 
 from daemon.collectors import exposition, service_metrics
+from daemon.collectors.client_body import Known
 from daemon.collectors.exposition import BUILT, families
 from daemon.profiles import reference
 from tests.profiles import exposition as engines
@@ -132,7 +134,7 @@ def test_a_family_not_read_keeps_no_samples_and_the_collector_keeps_the_same():
 def _kept_by_the_parser(text, wanted):
     real = service_metrics.families, service_metrics.client_form
     service_metrics.families = lambda text, wanted: text_string_to_metric_families(text)
-    service_metrics.client_form = lambda text: None
+    service_metrics.client_form = lambda text: False
     try:
         return kept(text, wanted)
     finally:
@@ -144,16 +146,16 @@ def test_client_library_bodies_are_kept_from_their_client_form():
     which keeps what the parser's families give, scrape after scrape with what each
     line means remembered; the other bodies do not."""
     assert all(exposition.client_form(PLAIN[name]) for name in PLAIN if name != "edges")
-    assert exposition.client_form(PLAIN["edges"]) is None
+    assert not exposition.client_form(PLAIN["edges"])
     assert not [name for name, text in ODD.items() if exposition.client_form(text)]
     wanted = reference.PROFILE.wants
-    known = {}
+    known = Known()
     for seed in range(3):
         random.seed(seed)
         text = client_library_body() + PLAIN["vllm"]
         assert kept(text, wanted, known) == _kept_by_the_parser(text, wanted) == kept(text, wanted)
-    assert known
-    known = {}     # the same lines in families of another type or name mean something else
+    assert known.meanings and known.shape
+    known = Known()     # the same lines in families of another type or name mean something else
     for text in ("# TYPE a gauge\na 1\n", "# TYPE a counter\na 1\n", "# TYPE a_total counter\na_total 1\n",
                  "# TYPE x histogram\nx_count 1\n", "# TYPE x_count gauge\nx_count 1\n"):
         assert kept(text, lambda name: True, known) == _kept_by_the_parser(text, lambda name: True), text
@@ -208,11 +210,42 @@ def test_random_edits_of_a_client_library_body_get_the_parsers_outcome():
     across all of them (one `known` per wanted, as the collector keeps one per service)."""
     base = PLAIN["prometheus_client"]
     rng = random.Random(2113)
-    known = ({}, {})
+    known = (Known(), Known())
     whole = 0
     for _ in range(600):
         text = edited(rng, base)
-        whole += exposition.client_form(text) is not None
+        whole += exposition.client_form(text)
         for wanted, lines in zip(WANTED, known):
             assert kept(text, wanted, lines) == _kept_by_the_parser(text, wanted), repr(text)
     assert whole > 30, whole      # the whole-body reader was taken often
+
+
+def test_a_body_of_the_same_shape_is_read_from_it(monkeypatch):
+    """A service's next body, its lines the same but for their values (the service a
+    second later), is read from the last body's shape (client_body.Shape) without
+    client_form() judging it again, and keeps what the parser gives; a line added, a
+    header changed or a value the grammar refuses sends the body to client_form(), and
+    the outcome is still the parser's."""
+    judged = []
+    real = service_metrics.client_form
+    monkeypatch.setattr(service_metrics, "client_form", lambda text: judged.append(text) or real(text))
+    base = client_library_body()
+
+    def scaled(k: int) -> str:      # every plain number of every sample times k: buckets stay cumulative
+        return re.sub(r"(?m)^([^#\n][^\n]* )([0-9]+(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?)$",
+                      lambda m: f"{m[1]}{float(m[2]) * k!r}", base)
+    wanted = reference.PROFILE.wants
+    known = Known()
+    for k in range(1, 6):
+        text = scaled(k)
+        assert text != base or k == 1
+        assert kept(text, wanted, known) == _kept_by_the_parser(text, wanted)
+    assert len(judged) == 1 and known.shape is not None
+    grown = scaled(6).replace('gateway_tool_calls_total{outcome="ok",tool="calc"}',
+                              'gateway_tool_calls_total{outcome="ok",tool="web"} 1.0\n'
+                              'gateway_tool_calls_total{outcome="ok",tool="calc"}')
+    broken = scaled(8).replace("gateway_inflight_requests -3.0", "gateway_inflight_requests -3.0.1")
+    retyped = scaled(11).replace("# TYPE gateway_inflight_requests gauge", "# TYPE gateway_inflight_requests counter")
+    for text in (grown, scaled(7), broken, scaled(10), retyped):
+        assert kept(text, wanted, known) == _kept_by_the_parser(text, wanted)
+    assert judged[1:] == [grown, scaled(7), broken, retyped]    # scaled(10): the shape of scaled(7)

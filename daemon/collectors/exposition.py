@@ -4,11 +4,10 @@ write (`# HELP`, `# TYPE`, `name{k="v",...} value [timestamp]`) are read with on
 regular expression each, and the samples of a family the caller does not read
 are checked, not built. Any other line sends the whole text to prometheus_client's
 parser, so the families, and the errors, are always that parser's.
-client_form(): a body exactly as client libraries write it (each family a TYPE
-line, after a HELP line of the same name if any, then only its own samples; no
-escapes, no stray whitespace), checked whole by one regular expression, as each
-family's name, type and sample lines, for a reader that takes apart only the
-families it reads; None for any other body."""
+client_form(): whether a body is exactly as client libraries write it (each family a
+TYPE line, after a HELP line of the same name if any, then only its own samples; no
+escapes, no stray whitespace), checked whole by one regular expression, for a
+reader that takes apart only the samples it reads (client_body.py)."""
 from __future__ import annotations
 
 import re
@@ -36,7 +35,8 @@ CLIENT_FORM = re.compile(
         rf"(?!#[ \t]+(?:HELP|TYPE)[ \t]+(?P=f{i})[ \t\n])" for i, (types, suffix) in enumerate(_SUFFIXES.items()))
     + "))*")
 _LABEL_TWICE = re.compile(rf'\{{(?:{LABEL},)*?([a-zA-Z_][a-zA-Z0-9_]*)="[^"\\\n]*",(?:{LABEL},)*?\1="')
-_FAMILY = re.compile(rf"^#[ \t]+TYPE[ \t]+({NAME})[ \t]+([a-z]+)\n((?:[^#\n][^\n]*\n)*)", re.M)
+# A counter whose name is only the suffix: the parser's error.
+_SUFFIX_ONLY = re.compile(r"^#[ \t]+TYPE[ \t]+_total[ \t]+counter\n", re.M)
 SAMPLE_LINE = re.compile(rf"^({NAME})(?:\{{([^\n]*)\}})? +({NUMBER})", re.M)   # of client_form's lines: series, labels, value
 SERIES_OF = {"counter": ("",), "gauge": ("",), "summary": ("_count", "_sum", ""),
              "histogram": ("_count", "_sum", "_bucket")}     # a family's sample names, as the parser allows them
@@ -72,15 +72,11 @@ def families(text: str, wanted: Callable[[str], bool] = lambda name: True) -> It
         return text_string_to_metric_families(text)
 
 
-def client_form(text: str) -> list[tuple[str, str, str]] | None:
-    """(name, type, sample lines) of each family of a body in the client libraries' form
-    that the parser reads as written (SAMPLE_LINE reads the lines); None for any other body."""
-    if not text.endswith("\n") or not CLIENT_FORM.fullmatch(text) or _LABEL_TWICE.search(text):
-        return None
-    found = _FAMILY.findall(text)
-    if any(typ == "counter" and name == "_total" for name, typ, _ in found):
-        return None     # a counter whose name is only the suffix: the parser's error
-    return found
+def client_form(text: str) -> bool:
+    """Whether a body is in the client libraries' form, which the parser reads as written
+    (SAMPLE_LINE reads its sample lines)."""
+    return (text.endswith("\n") and CLIENT_FORM.fullmatch(text) is not None and not _LABEL_TWICE.search(text)
+            and not _SUFFIX_ONLY.search(text))
 
 
 def family_name(name: str, typ: str) -> str:

@@ -15,11 +15,10 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from daemon.collectors.exposition import (BUILT, LABELS, SAMPLE_LINE, client_form, families, family_name,
-                                          number, sample_name)
+from daemon.collectors.client_body import Known, Shape, sample_meaning
+from daemon.collectors.exposition import client_form, families
 from daemon.host.http_exchange import TooLarge, exchange
 from daemon.model.sample import Key, Sample
-from daemon.model import labels
 from daemon.model.histogram import BucketHistogram
 from daemon.model.service import ServiceSpec
 from daemon import profiles
@@ -29,7 +28,6 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 4 << 20
 MAX_SERIES = 2000          # kept per service, counted as Prometheus does: one per histogram bucket
 NAMES_REMEMBERED = 4096    # per service, whether a family name is one it reads
-KNOWN_LINES = 16384        # per service, what a sample line's name and labels mean
 SCRAPERS = 16              # services read at once
 # stub_status's lines -> the names nginx-prometheus-exporter gives them
 STUB_STATUS = (
@@ -45,18 +43,20 @@ STUB_STATUS = (
 Parsed = tuple[dict[Key, BucketHistogram], dict[Key, float], dict[Key, float]]
 
 
-def parse(text: str, wanted: Callable[[str], bool] = lambda name: True, known: dict | None = None) -> Parsed:
+def parse(text: str, wanted: Callable[[str], bool] = lambda name: True, known: Known | None = None) -> Parsed:
     """Cumulative histograms, counters (monotonic totals) and gauges of the wanted
     families from exposition text; ValueError for one that is malformed. Values that
     are not finite are left out (a NaN gauge is valid, and useless). `known` (kept by
     the caller from one scrape to the next, for one service and one `wanted`) remembers
-    what each sample line's name and labels mean, for a body in the client libraries' form."""
-    fams = client_form(text)
-    if fams is None:
-        read = ((_meaning(f.type, f.name, s.name, s.labels, wanted), s.value) for f in families(text, wanted)
-                for s in f.samples)
-    else:
-        read = _client_form_samples(fams, wanted, {} if known is None else known)
+    the last body in the client libraries' form (client_body.py)."""
+    known = Known() if known is None else known
+    read = known.shape.read(text) if known.shape is not None else None
+    if read is None and client_form(text):
+        known.shape = Shape.of(text, wanted, known.meanings)
+        read = known.shape.read(text)
+    if read is None:
+        read = ((sample_meaning(f.type, f.name, s.name, s.labels, wanted), s.value)
+                for f in families(text, wanted) for s in f.samples)
     buckets: dict[Key, list[tuple[float, float]]] = {}
     sums: dict[Key, float] = {}
     counters: dict[Key, float] = {}
@@ -85,47 +85,6 @@ def parse(text: str, wanted: Callable[[str], bool] = lambda name: True, known: d
     return hists, counters, gauges
 
 
-Meaning = tuple[str, Key, float] | None     # ("bucket", key, le) | ("sum"|"counter"|"gauge", key, 0.0) | not read
-
-
-def _meaning(typ: str, family: str, series: str, sample_labels: dict[str, str],
-             wanted: Callable[[str], bool]) -> Meaning:
-    """What one sample of a family (as the parser names them) is to parse(); ValueError
-    for a histogram bucket without its bound."""
-    name = series if typ == "counter" else family
-    if not wanted(name):
-        return None
-    key = (name, labels.key(sample_labels))
-    if typ == "histogram":
-        if series.endswith("_bucket"):
-            if "le" not in sample_labels:
-                raise ValueError(f"histogram bucket without le: {series}{{{key[1]}}}")
-            return "bucket", key, float(sample_labels["le"])
-        return ("sum", key, 0.0) if series.endswith("_sum") else None
-    if typ == "counter" and not series.endswith("_created"):
-        return "counter", key, 0.0
-    return ("gauge", key, 0.0) if typ == "gauge" else None
-
-
-def _client_form_samples(fams, wanted: Callable[[str], bool], known: dict):
-    """(meaning, value) of each sample of the wanted families of a body in client form;
-    each line's meaning is worked out once and kept in `known`, which is emptied when it
-    holds more than KNOWN_LINES (a label with ever new values)."""
-    if len(known) > KNOWN_LINES:
-        known.clear()
-    for name, typ, lines in fams:
-        if typ not in BUILT or not wanted(sample_name(typ, name)):
-            continue
-        family = family_name(name, typ)
-        for series, label_text, value in SAMPLE_LINE.findall(lines):
-            line = (typ, name, series, label_text)
-            meaning = known.get(line, known)
-            if meaning is known:
-                meaning = known[line] = _meaning(typ, family, sample_name(typ, series), dict(LABELS.findall(label_text)),
-                                                 wanted)
-            yield meaning, number(value)
-
-
 def parse_stub_status(text: str) -> Parsed:
     """nginx's stub_status page as counters and gauges; ValueError when it is not one."""
     counters, gauges = {}, {}
@@ -139,7 +98,7 @@ def parse_stub_status(text: str) -> Parsed:
 
 
 def read_exposition(text: str, exposition: str, wanted: Callable[[str], bool] = lambda name: True,
-                    known: dict | None = None) -> Parsed:
+                    known: Known | None = None) -> Parsed:
     """The series of a service's answer, read as its profile says it is written."""
     if exposition == "stub_status":
         return parse_stub_status(text)
@@ -201,7 +160,7 @@ class ServiceMetricsCollector:
         self.previous: dict[str, tuple[dict, dict]] = {}
         self.wanted: dict[str, Callable[[str], bool]] = {}    # service -> whether it reads a family name
         self.last: dict[str, tuple[bytes, Parsed | ScrapeError]] = {}   # service -> its last body, as read
-        self.known: dict[str, dict] = {}          # service -> what its sample lines mean (parse's `known`)
+        self.known: dict[str, Known] = {}         # service -> its last body in client form (parse's `known`)
         self.failing: dict[str, set[str]] = {}    # service -> kinds of failure reported
         self.capped: set[str] = set()             # services reported over MAX_SERIES
         self.pool = ThreadPoolExecutor(SCRAPERS, thread_name_prefix="service-metrics")
@@ -262,7 +221,7 @@ class ServiceMetricsCollector:
             return ScrapeError("is not UTF-8", str(exc))
         try:
             return read_exposition(text, self.profile[service].exposition, self.wanted[service],
-                                   self.known.setdefault(service, {}))
+                                   self.known.setdefault(service, Known()))
         except ValueError as exc:
             return ScrapeError("does not parse", " ".join(str(exc).split())[:200])
 
