@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from daemon.collectors.kernel import program_cost
 from daemon.export import dashboards
 from reference_stack import launcher
 from reference_stack.client import StackClient
@@ -155,8 +156,12 @@ def live(tmp_path_factory):
                   "search": {"failure_rate": 0.05}})
     metrics_port, prom_port = launcher.free_ports(2)
     procs = []
+    # The kernel times BPF programs only while this sysctl is 1 (an operator's choice: the
+    # probe-cost panels are empty without it); put back as it was at the end.
+    stats_were = program_cost.STATS_SYSCTL.read_text()
     stack = StackClient(launcher.start(cfg))
     try:
+        program_cost.STATS_SYSCTL.write_text("1")
         daemon_config(tmp / "slotune.toml", cfg, metrics_port)
         seed_baselines(tmp / "slotune.toml")
         daemon = spawn([sys.executable, "-m", "daemon.cli", "run", "--dry-run", "--config", str(tmp / "slotune.toml")],
@@ -182,6 +187,7 @@ def live(tmp_path_factory):
         for proc in reversed(procs):
             stop(proc)
         launcher.stop(cfg.run_dir)
+        program_cost.STATS_SYSCTL.write_text(stats_were)
 
 
 def substitute(expr: str) -> str:

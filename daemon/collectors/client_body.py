@@ -4,7 +4,7 @@ the client libraries' form (exposition.client_form), the body's shape: its lines
 less their values. A service answers a body of the same shape scrape after scrape,
 only its numbers moving; such a body is read from the shape, its values checked
 against the grammar and nothing else checked or taken apart again. Any other body
-is read afresh, as before."""
+is judged whole by client_form() and, if it passes, gives the next shape."""
 from __future__ import annotations
 
 import operator
