@@ -25,7 +25,7 @@ Meaning = tuple[str, Key, float] | None     # ("bucket", key, le) | ("sum"|"coun
 
 
 def sample_meaning(typ: str, family: str, series: str, sample_labels: dict[str, str],
-            wanted: Callable[[str], bool]) -> Meaning:
+                   wanted: Callable[[str], bool]) -> Meaning:
     """What one sample of a family (as the parser names them) is to the collector;
     ValueError for a histogram bucket without its bound."""
     name = series if typ == "counter" else family
