@@ -77,4 +77,9 @@ def test_failed_probe_reported_once_others_go_on(kernel, spawn, tag, caplog):
     sleeper.stdin.write("go\n")
     sleeper.stdin.flush()
     assert sleeper.stdout.readline().strip() == "done"
-    assert collected(collector)["s"].histograms[("offcpu", "sleep")].count == 20
+    # A sleep whose timer fires while the worker is still on the runqueue (preempted on a
+    # busy host just before it blocks) returns without blocking: the worker's own count
+    # of blocked switch-outs is the reference, not the 20 it asked for.
+    _, blocked, _, _ = sleeper.stdout.readline().split()
+    assert int(blocked) >= 15
+    assert collected(collector)["s"].histograms[("offcpu", "sleep")].count == int(blocked)
