@@ -1,13 +1,17 @@
 """What the daemon hands the batch tuner: the batches each window ran, one group
 per window, so the tuner can fit batch time against size and see its scatter;
-and what it hands the budget tuner: each hop's P50 and P99 from the stage timings."""
+what it hands the budget tuner: each hop's P50 and P99 from the stage timings;
+and the queueing the throttle reads (P99 over the lowest P99 of the history),
+each second from only the windows added since the last."""
 import math
+import random
 
 import numpy as np
 import pytest
 
 from daemon.config import ServiceConf
-from daemon.control.observations import Inputs, batches_run, for_budget
+from daemon.control import observations
+from daemon.control.observations import MIN_REQUESTS, Inputs, batches_run, for_budget, queue_p99
 from daemon.control.tuner_specs import SPECS
 from daemon.model.histogram import BucketHistogram, Histogram
 from daemon.model.service import ServiceSpec
@@ -69,3 +73,36 @@ def test_budget_hops_are_the_tool_and_llm_stages_and_the_rest_is_the_gateway_s_o
 def test_a_hop_without_calls_reads_zero_so_the_budget_tuner_waits_for_its_data():
     obs = for_budget(budget_inputs([stage_window(0, {"gate": [2.0, 2.0], "llm": [300.0, 320.0]})]))
     assert dict(obs.hop_p50_s)["tool"] == 0.0 and dict(obs.hop_p99_s)["tool"] == 0.0
+
+
+def test_queue_p99_slides_with_the_history_reading_only_the_windows_added_since(monkeypatch):
+    rng = random.Random(3)
+
+    def latency_window(t) -> Window:
+        n = rng.choice([0, 2, MIN_REQUESTS, 40])          # some too few to say a tail
+        w = Window("gateway", t, t + 1, 0.8)
+        if n:
+            w = Window("gateway", t, t + 1, 0.8, latency=Histogram.from_values(
+                [rng.uniform(1e6, 5e6) * rng.choice([1, 1, 4]) for _ in range(n)]))
+        return w
+
+    def expected(history, merged) -> float:
+        tails = [w.p(0.99) for w in history if w.requests >= MIN_REQUESTS]
+        return max(0.0, merged.quantile(0.99) - min(tails)) if tails else 0.0
+
+    ws = [latency_window(float(t)) for t in range(80)]
+    merged = Histogram.from_values([3e6] * 50 + [9e6])
+    reads = []
+    real = observations._tail
+    monkeypatch.setattr(observations, "_tail", lambda w: reads.append(w) or real(w))
+    for end in range(10, 80):
+        history = ws[max(0, end - 30):end]
+        reads.clear()
+        assert queue_p99(history[-2:], history, merged) == expected(history, merged)
+        assert len(reads) == (len(history) if end == 10 else 1)
+        assert queue_p99(history[-2:], history, merged) == expected(history, merged)   # the degrade tuner's, same tick
+    assert queue_p99([], [], merged) == 0.0
+    replaced = ws[52:70] + [latency_window(70.0)] + ws[71:80]    # a window in it replaced: read afresh
+    reads.clear()
+    assert queue_p99(replaced[-2:], replaced, merged) == expected(replaced, merged)
+    assert len(reads) == len(replaced)

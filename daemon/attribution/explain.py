@@ -58,6 +58,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from daemon.attribution import causes
+from daemon.model.columns import column, continued, handed
 from daemon.model.window import EBPF_ARRIVED, EBPF_LATENCY, Window, merged_latency, merged_tokens
 
 TOKENS = {"ttft": "TTFT", "tpot": "TPOT"}   # the token timings explained beside the latency, as users name them
@@ -73,7 +74,6 @@ MIN_BASELINE_SPANS = 5
 RECENT_S = 2.0           # the span judged: two collection windows at the default 1 s
 HORIZON_S = 300.0        # look-back: a fault stays named until it fills half of it
 SAME_REQUESTS = 0.8       # the kernel's request count within this of the service's own: same requests
-ROWS_KEPT = 4            # windows back a call looks for what the last call kept (_handed)
 BASELINE_SPANS = 60      # the calm spans the baseline is summarised from, latest first
 LOAD_RISE = 0.2          # requests coming this much above the baseline's usual rate are more load
 QUEUES = ("batch_queue_wait",)   # the queueing more load explains
@@ -213,39 +213,9 @@ def _timed(w: Window, source: str) -> int:
         return count
 
 
-def _handed(ws: Sequence[Window], key) -> object:
-    """What the last call kept under key with its newest window, one of ws' ROWS_KEPT
-    newest (the daemon explains every RECENT_S), taken off it; None where there is none."""
-    return next((w.derived.pop(key) for w in ws[-1:-1 - ROWS_KEPT:-1] if key in w.derived), None)
-
-
-def _continued(held: Sequence[Window], ws: Sequence[Window]) -> int | None:
-    """Where ws begins in held, when ws continues held (its windows from there are ws'
-    first ones: some gone at the front, some new at the back); None when it does not."""
-    first = next((i for i, w in enumerate(held) if w is ws[0]), None) if ws else None
-    if first is None or len(held) - first > len(ws) or not all(map(operator.is_, held[first:], ws)):
-        return None
-    return first
-
-
-def _column(ws: Sequence[Window], key, value: Callable[[Window], object]) -> list:
-    """value(w) for each of ws, from the column the last call kept under key (_handed),
-    reading only the windows added since; kept with ws' newest for the next call."""
-    kept = _handed(ws, key)
-    first = _continued(kept[0], ws) if kept is not None else None
-    if first is None:
-        column = [value(w) for w in ws]
-    else:
-        column = kept[1][first:]
-        column += [value(w) for w in ws[len(column):]]
-    if ws:
-        ws[-1].derived[key] = (ws, column)
-    return column
-
-
 def _timed_column(ws: Sequence[Window], source: str) -> list[int]:
     """_timed of each of ws."""
-    return _column(ws, ("timed column", source), lambda w: _timed(w, source))
+    return column(ws, ("timed column", source), lambda w: _timed(w, source))
 
 
 def _ended(w: Window) -> tuple[float, float | None]:
@@ -304,7 +274,7 @@ def _spans(older: list[Window], source: str, span_s: float) -> list[_Stats]:
     if not older:
         return []
     key = ("spans", source, span_s)
-    kept = _handed(older, key)
+    kept = handed(older, key)
     chunks = _follow_chunks(kept[0], older, span_s) if kept else None
     if chunks is None:
         chunks = _chunks(older, span_s)
@@ -494,7 +464,7 @@ class _JitterRows:
 
     def follow(self, ws: Sequence[Window]) -> bool:
         """Become the rows of ws, if ws continues the windows held (False: start afresh)."""
-        first = _continued(self.windows, ws)
+        first = continued(self.windows, ws)
         if first is None:
             return False
         held = len(self.windows) - first
@@ -511,8 +481,8 @@ class _JitterRows:
 
     def add(self, w: Window) -> None:
         stats, n = _stats([w], self.source), len(self.windows)
-        for column in self.columns.values():
-            column.append(0.0)
+        for values in self.columns.values():
+            values.append(0.0)
         for cause, r in stats.readings.items():
             if cause not in self.columns:
                 self.columns[cause] = [0.0] * (n + 1)
@@ -538,7 +508,7 @@ def _jitter_rows(ws: Sequence[Window], source: str) -> _JitterRows:
     """The rows of ws, from those kept with one of its ROWS_KEPT newest windows (the last
     call's newest: the daemon explains every RECENT_S), else read afresh."""
     key = ("jitter rows", source)
-    rows = _handed(ws, key)
+    rows = handed(ws, key)
     if rows is None or not rows.follow(ws):
         rows = _JitterRows(source)
         for w in ws:
@@ -557,8 +527,8 @@ def _jitter(split: _Split, downstream_windows: Mapping[str, Sequence[Window]]) -
     columns = rows.in_order()
     for name, dws in downstream_windows.items():
         near = _ending_in(dws, ws[0].end - 0.001, ws[-1].end + 0.001)   # all that round to ws' ends
-        by_end = dict(ended for ended in _column(near, "ended column", _ended) if ended[1] is not None)
-        columns[f"downstream:{name}"] = [by_end.get(end, math.nan) for end, _ in _column(ws, "ended column", _ended)]
+        by_end = dict(ended for ended in column(near, "ended column", _ended) if ended[1] is not None)
+        columns[f"downstream:{name}"] = [by_end.get(end, math.nan) for end, _ in column(ws, "ended column", _ended)]
     table = np.array(list(columns.values()), dtype=float).reshape(len(columns), len(ws))   # a row per cause
     varies = np.isfinite(table).all(axis=1)
     varies[varies] = table[varies].std(axis=1) > 0

@@ -15,6 +15,7 @@ from tuners import batch, breaker, budget, continuous_batch, degrade, drift, sam
 
 from daemon.config import ServiceConf
 from daemon.model import labels
+from daemon.model.columns import column
 from daemon.model.interval import Span
 from daemon.model.window import Window
 
@@ -83,10 +84,16 @@ def queue_p99(windows: list[Window], history: list[Window], merged) -> float:
     own = _family_hist(windows, "_queue_wait_seconds")
     if own is not None and own.count:
         return _q(own, 0.99)
-    tails = [w.p(0.99) for w in history if w.requests >= MIN_REQUESTS and math.isfinite(w.p(0.99))]
-    if not tails:
+    lowest = min(column(history, "queue tail", _tail), default=math.inf)
+    if lowest == math.inf:
         return 0.0
-    return max(0.0, _q(merged, 0.99) - min(tails))
+    return max(0.0, _q(merged, 0.99) - lowest)
+
+
+def _tail(w: Window) -> float:
+    """The window's P99 where it timed enough requests to say one, else infinity."""
+    p99 = w.p(0.99) if w.requests >= MIN_REQUESTS else math.nan
+    return p99 if math.isfinite(p99) else math.inf
 
 
 def for_throttle(i: Inputs) -> throttle.Observation:
