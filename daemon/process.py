@@ -9,7 +9,7 @@ import functools
 import logging
 import math
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 
 from prometheus_client import CollectorRegistry
 
@@ -30,6 +30,7 @@ from daemon.export import sinks
 from daemon.host import sdnotify
 from daemon.host.signals import Signals
 from daemon.model import window
+from daemon.model.columns import History
 from daemon.model.interval import Interval
 from daemon.store.baselines import BaselineStore
 from daemon.store.recorder import BaselineRecorder
@@ -55,7 +56,7 @@ class Daemon:
         for c in self.collectors:
             for extra in c.metric_families():
                 self.registry.register(extra)
-        self.history: dict[str, deque] = defaultdict(lambda: deque(maxlen=self._history_len()))
+        self.history: dict[str, History] = defaultdict(lambda: History(maxlen=self._history_len()))
         self.audit = AuditLog(cfg.audit_log)
         self.store = BaselineStore(cfg.baseline_store, busy_timeout_s=STORE_BUSY_S)
         self.recorder = BaselineRecorder(self.store, cfg.environment, cfg.deploy_id, cfg.baseline_retention_days,

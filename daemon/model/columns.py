@@ -2,10 +2,15 @@
 A caller that reads every window of the history again each time it runs (the
 control loop each second, attribution each span) keeps what it worked out with
 the newest window; the next call, whose history is the same windows less some
-at the front and more at the back, reads only the windows added since."""
+at the front and more at the back, reads only the windows added since.
+A value kept and never taken (the next call came late, or asked under another
+key) stays with its window and holds the older windows of its call: History
+lets it go when that window leaves, or each such value would keep the windows
+before it alive, and those the ones before them, without end."""
 from __future__ import annotations
 
 import operator
+from collections import deque
 from typing import Callable, Sequence
 
 from daemon.model.window import Window
@@ -41,3 +46,13 @@ def column(ws: Sequence[Window], key, value: Callable[[Window], object]) -> list
     if ws:
         ws[-1].derived[key] = (ws, values)
     return values
+
+
+class History(deque):
+    """A service's windows, oldest first, the newest maxlen of them: a window pushed
+    out takes what was kept with it (Window.derived)."""
+
+    def append(self, w: Window) -> None:
+        if len(self) == self.maxlen:
+            self[0].derived.clear()
+        super().append(w)
