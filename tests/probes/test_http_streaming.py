@@ -211,7 +211,8 @@ def test_reference_llm_server_against_its_load_generator(kernel, started, tmp_pa
     then a load where half the requests name another model (404). About one
     request a second: the kernel's clock starts at the server's read of the
     request, so a request that waits in its socket for a busy event loop (at
-    2/s TTFT read 3-7 % low against the client's) is measured short by that wait."""
+    2/s TTFT read 3-7 % low against the client's; at 1/s, 11 requests, on a slow
+    CI host once 11 % low) is measured short by that wait."""
     ns, addr = private_host
     port = 8100
     launcher.init_run_dir(tmp_path)
@@ -226,7 +227,7 @@ def test_reference_llm_server_against_its_load_generator(kernel, started, tmp_pa
     sample = collected(collector)["llm"]
     assert streams and all(r.status == 200 and not r.error and r.output_tokens == 30 for r in streams), streams
     h = sample.histograms
-    agree("first byte", "reference LLM server", hist(h, ("http_first_byte", "")), [r.ttft_s for r in streams], 0.10)
+    agree("first byte", "reference LLM server", hist(h, ("http_first_byte", "")), [r.ttft_s for r in streams], 0.15)
     agree("write gap", "reference LLM server", hist(h, ("http_write_gap", "")),
           [g for r in streams for g in r.gaps_s], 0.15)
     agree("whole response", "reference LLM server", hist(h, ("http_request", "")), [r.e2e_s for r in streams], 0.10,
