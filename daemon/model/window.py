@@ -48,7 +48,9 @@ class Window:
     @cached_property
     def derived(self) -> dict:
         """What later stages work out of this window, kept with it (its quantiles,
-        attribution's statistics): worked out once, as the window never changes."""
+        attribution's statistics): worked out once, as the window never changes.
+        Also what a call hands to the next (daemon/model/columns.py), let go when
+        the window leaves the daemon's history."""
         return {}
 
     @property
