@@ -52,7 +52,7 @@ import operator
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from itertools import compress, groupby
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 from scipy.optimize import nnls
