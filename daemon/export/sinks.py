@@ -72,12 +72,12 @@ class Outbox:
             self.cond.notify()
         dropped = len(items) - min(room, len(items))
         if dropped:
-            self.counters.add("dropped", self.sink, dropped)
             if not self.said_full:
                 self.said_full = True
                 log.warning("export %s (%s): queue full, %d item(s) dropped; counted in "
                             "slotune_export_dropped_total{sink=%r} (said once)", self.sink, self.where, dropped,
                             self.sink)
+            self.counters.add("dropped", self.sink, dropped)
 
     def _run(self) -> None:
         while True:
@@ -89,13 +89,13 @@ class Outbox:
                 batch = [self.queue.popleft() for _ in range(min(self.batch, len(self.queue)))]
             try:
                 self.send(batch)
-            except Exception as exc:     # a sink's failure is its own: counted, said once
-                self.counters.add("failed", self.sink, len(batch))
-                if not self.failing:
+            except Exception as exc:     # a sink's failure is its own: said once, counted
+                if not self.failing:     # said first: whoever sees the count finds the line
                     log.warning("export %s to %s failed (%s); what it should have received is dropped and "
                                 "counted in slotune_export_failed_total{sink=%r}; the control loop goes on "
                                 "(said once until it works again)", self.sink, self.where, exc, self.sink)
                 self.failing = True
+                self.counters.add("failed", self.sink, len(batch))
                 continue
             self.counters.add("sent", self.sink, len(batch))
             if self.failing:
