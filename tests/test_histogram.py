@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from daemon.model.histogram import EXPORT_BOUNDS_S, BucketHistogram, Histogram, slot_bounds, slot_of
+from daemon.model.histogram import EXPORT_BOUNDS_S, SLOTS, BucketHistogram, Histogram, slot_bounds, slot_of
 
 
 def test_every_value_falls_inside_its_bucket():
@@ -27,6 +27,34 @@ def test_delta_between_reads_and_counter_reset():
     later = first.plus(Histogram.from_values([4000]))
     assert later.minus(first).count == 1 and later.minus(first).total_ns == 4000
     assert first.minus(later).count == 2  # counts went down: the map was reset
+
+
+def test_only_the_counted_span_is_kept_and_the_arithmetic_is_that_of_all_slots():
+    """A window's delta keeps the slots from its first counted one to its last; sums,
+    deltas, cumulative buckets and shares above a threshold are what numpy gives on
+    all 320 slots, for histograms apart, overlapping, nested and empty."""
+    rng = np.random.default_rng(3)
+    spans = [(40, 60), (100, 140), (50, 120), (0, 320), (300, 320), (70, 71), (0, 0)]
+    for (a_lo, a_hi), (b_lo, b_hi) in [(x, y) for x in spans for y in spans]:
+        dense_a, dense_b = np.zeros(SLOTS, np.int64), np.zeros(SLOTS, np.int64)
+        dense_a[a_lo:a_hi] = rng.integers(0, 5, a_hi - a_lo)
+        dense_b[b_lo:b_hi] = rng.integers(0, 5, b_hi - b_lo)
+        a, b = Histogram(dense_a, 1e6), Histogram(dense_b, 2e6)
+        filled = np.flatnonzero(dense_a)
+        assert len(a.kept) == (filled[-1] - filled[0] + 1 if len(filled) else 0)
+        assert np.array_equal(a.counts, dense_a) and a.count == dense_a.sum()
+        assert np.array_equal(a.plus(b).counts, dense_a + dense_b)
+        assert np.array_equal(a.plus(b).minus(b).counts, dense_a)
+        if (dense_a - dense_b < 0).any():        # a reset: the later read as it is
+            assert np.array_equal(a.minus(b).counts, dense_a)
+        cumulative = np.cumsum(dense_a)
+        for le, n in a.prometheus_buckets(EXPORT_BOUNDS_S)[:-1]:
+            assert n == cumulative[slot_of(int(float(le) * 1e9)) - 1]
+        for t_s in (1e-7, 2e-6, 3.3e-5, 1e-3, 20.0):
+            slot = slot_of(int(t_s * 1e9))
+            low, high = slot_bounds(slot)
+            below = dense_a[:slot].sum() + dense_a[slot] * (t_s * 1e9 - low) / (high - low)
+            assert a.fraction_above(t_s) == pytest.approx(max(0.0, 1 - below / dense_a.sum()) if dense_a.sum() else 0.0)
 
 
 def test_prometheus_buckets_are_cumulative_and_end_with_inf():

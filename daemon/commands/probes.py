@@ -7,8 +7,6 @@ import sys
 import textwrap
 import time
 
-import numpy as np
-
 from daemon.collectors.kernel.collector import KernelCollector
 from daemon.collectors.kernel.families import FAMILIES, make_families
 from daemon.collectors.kernel.program import program_text
@@ -74,7 +72,7 @@ def table(samples) -> str:
     lines = [f"{'service':<14} {'signal':<16} {'label':<10} {'count':>8} {'p50':>10} {'p99':>10} {'max':>10}"]
     for s in samples:
         for (signal, label), h in sorted(s.histograms.items()):
-            top = slot_bounds(int(np.flatnonzero(h.counts)[-1]))[1] / 1e9
+            top = slot_bounds(h.hi - 1)[1] / 1e9
             lines.append(f"{s.service:<14} {signal:<16} {label:<10} {h.count:>8} "
                          f"{fmt(h.quantile(0.5)):>10} {fmt(h.quantile(0.99)):>10} {fmt(top):>10}")
         for (signal, label), v in sorted(s.counters.items()):

@@ -3,7 +3,7 @@ SUB linear sub-buckets (about 9 % wide), in nanoseconds. Pure arithmetic:
 quantiles, deltas between two reads, and the coarse bounds Prometheus gets."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,33 +37,81 @@ LOWS = np.array([slot_bounds(s)[0] for s in range(SLOTS)])                # each
 WIDTHS = np.array([slot_bounds(s)[1] - slot_bounds(s)[0] for s in range(SLOTS)])
 
 
-@dataclass
 class Histogram:
-    """Counts per slot (ns). `total_ns` is the exact sum where the source keeps one."""
-    counts: np.ndarray = field(default_factory=lambda: np.zeros(SLOTS, dtype=np.int64))
-    total_ns: float = 0.0
+    """Counts per slot (ns). `total_ns` is the exact sum where the source keeps one.
+    Only the slots from the first counted one to the last are kept (`kept`, from slot
+    `lo`): a window's delta counts a few dozen of the 320, and the daemon keeps
+    thousands of them in its history. `counts` gives all 320."""
+    __slots__ = ("lo", "kept", "total_ns")
+
+    def __init__(self, counts=None, total_ns: float = 0.0, lo: int = 0):
+        """From counts per slot, slot `lo` first (all slots from 0 by default)."""
+        counts = np.zeros(0, dtype=np.int64) if counts is None else np.asarray(counts, dtype=np.int64)
+        filled = np.flatnonzero(counts)
+        self.lo = lo + int(filled[0]) if len(filled) else 0
+        self.kept = counts[filled[0]:filled[-1] + 1].copy() if len(filled) else counts[:0].copy()
+        self.total_ns = total_ns
 
     @classmethod
     def from_values(cls, values_ns) -> "Histogram":
-        h = cls()
+        counts = np.zeros(SLOTS, dtype=np.int64)
+        total = 0.0
         for v in values_ns:
-            h.counts[slot_of(int(v))] += 1
-            h.total_ns += float(v)
-        return h
+            counts[slot_of(int(v))] += 1
+            total += float(v)
+        return cls(counts, total)
+
+    @property
+    def counts(self) -> np.ndarray:
+        """All SLOTS counts (a new array)."""
+        out = np.zeros(SLOTS, dtype=np.int64)
+        out[self.lo:self.lo + len(self.kept)] = self.kept
+        return out
+
+    @property
+    def hi(self) -> int:
+        """One past the last slot kept."""
+        return self.lo + len(self.kept)
 
     @property
     def count(self) -> int:
-        return int(self.counts.sum())
+        return int(self.kept.sum())
+
+    def _over(self, lo: int, hi: int) -> np.ndarray:
+        """Counts of slots lo..hi-1, which hold all this one's."""
+        out = np.zeros(hi - lo, dtype=np.int64)
+        out[self.lo - lo:self.hi - lo] = self.kept
+        return out
+
+    def _span(self, other: "Histogram") -> tuple[int, int]:
+        spans = [(h.lo, h.hi) for h in (self, other) if len(h.kept)]
+        return (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else (0, 0)
 
     def minus(self, earlier: "Histogram") -> "Histogram":
         """What arrived between two cumulative reads (a reset reads as a fresh start)."""
-        delta = self.counts - earlier.counts
+        lo, hi = self._span(earlier)
+        delta = self._over(lo, hi) - earlier._over(lo, hi)
         if (delta < 0).any():
-            return Histogram(self.counts.copy(), self.total_ns)
-        return Histogram(delta, self.total_ns - earlier.total_ns)
+            return Histogram(self.kept, self.total_ns, self.lo)
+        return Histogram(delta, self.total_ns - earlier.total_ns, lo)
 
     def plus(self, other: "Histogram") -> "Histogram":
-        return Histogram(self.counts + other.counts, self.total_ns + other.total_ns)
+        """Both together. The attribution horizon sums hundreds a call: no trim is needed
+        (each end is one's counted end), and one that is empty gives the other's counts
+        (never changed in place, so shared)."""
+        a, b = self, other
+        if not len(b.kept) or not len(a.kept):
+            lo, kept = (a.lo, a.kept) if len(a.kept) else (b.lo, b.kept)
+        elif a.lo == b.lo and len(a.kept) == len(b.kept):
+            lo, kept = a.lo, a.kept + b.kept
+        else:
+            lo = min(a.lo, b.lo)
+            kept = np.zeros(max(a.lo + len(a.kept), b.lo + len(b.kept)) - lo, dtype=np.int64)
+            kept[a.lo - lo:a.lo - lo + len(a.kept)] = a.kept
+            kept[b.lo - lo:b.lo - lo + len(b.kept)] += b.kept
+        out = Histogram.__new__(Histogram)
+        out.lo, out.kept, out.total_ns = lo, kept, a.total_ns + b.total_ns
+        return out
 
     def quantile(self, q: float) -> float:
         """q-quantile in seconds, NaN when empty; never outside the non-empty buckets.
@@ -78,17 +126,16 @@ class Histogram:
         n = self.count
         if n == 0:
             return [float("nan")] * len(qs)
-        cumulative = np.cumsum(self.counts)
-        filled = np.flatnonzero(self.counts)
+        kept, lo = self.kept, self.lo            # kept's first and last slots are counted ones
+        cumulative = np.cumsum(kept)
         start, end = self.occupied()
         out = []
         for q in qs:
             rank = min(max(q, 0.0), 1.0) * n
-            slot = int(np.searchsorted(cumulative, rank, side="left"))
-            slot = min(max(slot, int(filled[0])), int(filled[-1]))
-            before = cumulative[slot - 1] if slot else 0
-            frac = min(max((rank - before) / self.counts[slot], 0.0), 1.0)
-            out.append((LOWS[slot] + WIDTHS[slot] * (start + (end - start) * frac)) / 1e9)
+            i = min(max(int(np.searchsorted(cumulative, rank, side="left")), 0), len(kept) - 1)
+            before = cumulative[i - 1] if i else 0
+            frac = min(max((rank - before) / kept[i], 0.0), 1.0) if kept[i] else 0.0
+            out.append((LOWS[lo + i] + WIDTHS[lo + i] * (start + (end - start) * frac)) / 1e9)
         return out
 
     def occupied(self) -> tuple[float, float]:
@@ -97,8 +144,8 @@ class Histogram:
         middle is their mean position inside their buckets, which the exact sum
         gives. The whole bucket where there is no sum that fits the buckets (a
         source that keeps none). The estimate never leaves the rank's bucket."""
-        span = float((self.counts * WIDTHS).sum())
-        position = (self.total_ns - float((self.counts * LOWS).sum())) / span if span else 0.5
+        span = float((self.kept * WIDTHS[self.lo:self.hi]).sum())
+        position = (self.total_ns - float((self.kept * LOWS[self.lo:self.hi]).sum())) / span if span else 0.5
         if not 0.0 <= position <= 1.0:
             return 0.0, 1.0
         return (2 * position - 1, 1.0) if position >= 0.5 else (0.0, 2 * position)
@@ -115,18 +162,20 @@ class Histogram:
         t = threshold_s * 1e9
         slot = slot_of(int(t))
         low, high = slot_bounds(slot)
-        below = self.counts[:slot].sum() + self.counts[slot] * (t - low) / (high - low)
+        i = min(max(slot - self.lo, 0), len(self.kept))
+        inside = self.kept[i] if self.lo <= slot < self.hi else 0
+        below = self.kept[:i].sum() + inside * (t - low) / (high - low)
         return max(0.0, 1.0 - below / n)
 
     def prometheus_buckets(self, bounds_s: tuple[float, ...]) -> list[tuple[str, int]]:
         """Cumulative (le, count) pairs for the given upper bounds in seconds, +Inf last.
         Bounds should be powers of two in ns so no bucket straddles one."""
-        cumulative = np.cumsum(self.counts)
+        cumulative = np.cumsum(self.kept)
         out = []
         for le in bounds_s:
-            last = slot_of(int(le * 1e9)) - 1
+            last = min(slot_of(int(le * 1e9)) - 1, self.hi - 1) - self.lo    # in kept
             out.append((repr(float(le)), int(cumulative[last]) if last >= 0 else 0))
-        out.append(("+Inf", int(cumulative[-1])))
+        out.append(("+Inf", self.count))
         return out
 
 
