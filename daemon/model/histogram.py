@@ -132,9 +132,9 @@ class Histogram:
         out = []
         for q in qs:
             rank = min(max(q, 0.0), 1.0) * n
-            i = min(max(int(np.searchsorted(cumulative, rank, side="left")), 0), len(kept) - 1)
+            i = min(int(np.searchsorted(cumulative, rank, side="left")), len(kept) - 1)   # kept[i] > 0
             before = cumulative[i - 1] if i else 0
-            frac = min(max((rank - before) / kept[i], 0.0), 1.0) if kept[i] else 0.0
+            frac = min(max((rank - before) / kept[i], 0.0), 1.0)
             out.append((LOWS[lo + i] + WIDTHS[lo + i] * (start + (end - start) * frac)) / 1e9)
         return out
 
