@@ -84,8 +84,12 @@ class Histogram:
         return out
 
     def _span(self, other: "Histogram") -> tuple[int, int]:
-        spans = [(h.lo, h.hi) for h in (self, other) if len(h.kept)]
-        return (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else (0, 0)
+        """The slots that hold both's counts."""
+        if not len(other.kept):
+            return self.lo, self.hi
+        if not len(self.kept):
+            return other.lo, other.hi
+        return min(self.lo, other.lo), max(self.hi, other.hi)
 
     def minus(self, earlier: "Histogram") -> "Histogram":
         """What arrived between two cumulative reads (a reset reads as a fresh start)."""
@@ -105,10 +109,9 @@ class Histogram:
         elif a.lo == b.lo and len(a.kept) == len(b.kept):
             lo, kept = a.lo, a.kept + b.kept
         else:
-            lo = min(a.lo, b.lo)
-            kept = np.zeros(max(a.lo + len(a.kept), b.lo + len(b.kept)) - lo, dtype=np.int64)
-            kept[a.lo - lo:a.lo - lo + len(a.kept)] = a.kept
-            kept[b.lo - lo:b.lo - lo + len(b.kept)] += b.kept
+            lo, hi = a._span(b)
+            kept = a._over(lo, hi)
+            kept[b.lo - lo:b.hi - lo] += b.kept
         out = Histogram.__new__(Histogram)
         out.lo, out.kept, out.total_ns = lo, kept, a.total_ns + b.total_ns
         return out

@@ -141,10 +141,11 @@ def test_a_collector_that_is_down_is_counted_said_once_and_the_loop_goes_on(make
     began = time.monotonic()
     steps(daemon, clock, 4)
     assert time.monotonic() - began < 3.0
+
     def said() -> list[str]:
         return [r.getMessage() for r in caplog.records if "export otlp" in r.getMessage() and "failed" in r.getMessage()]
 
-    # The sink's thread counts a failure, then says it: wait for both, for each signal.
+    # Each sink's thread says its failure, then counts it: wait for both, for each signal.
     wait_for(lambda: metric_value(daemon, "slotune_export_failed_total", sink="otlp_logs") >= 1
              and metric_value(daemon, "slotune_export_failed_total", sink="otlp_metrics") >= 1
              and len(said()) >= 2, "counted and said failures", timeout_s=20)
