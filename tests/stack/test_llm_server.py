@@ -211,14 +211,21 @@ def test_priority_policy_serves_the_lower_priority_value_first(llm, settings_res
         llm.complete(name, max_tokens, priority=priority)
         finished[name] = time.monotonic()
 
-    blocker = threading.Thread(target=run, args=("blocker", 0, 200))
-    blocker.start()
-    time.sleep(0.05)
-    late = [threading.Thread(target=run, args=("low", 5, 5)), threading.Thread(target=run, args=("high", 0, 5))]
-    for t in late:                     # "low" arrives first; under fcfs it would also finish first
+    def until(sample: str, n: int) -> None:
+        """Wait (polling the server's own gauge) until it reads n."""
+        deadline = time.monotonic() + 10
+        while llm.metrics()[(sample, "")] != n:
+            assert time.monotonic() < deadline, f"{sample} never read {n}"
+
+    threads = [threading.Thread(target=run, args=args) for args in
+               [("blocker", 0, 256), ("low", 5, 5), ("high", 0, 5)]]
+    threads[0].start()
+    until("inference_num_requests_running", 1)
+    for queued, t in enumerate(threads[1:], 1):   # "low" waits first; under fcfs it would also finish first
         t.start()
-        time.sleep(0.02)
-    for t in [blocker, *late]:
+        until("inference_num_requests_waiting", queued)
+    assert "blocker" not in finished, "the blocker ended before both others were waiting: nothing was tested"
+    for t in threads:
         t.join(timeout=60)
     assert finished["blocker"] < finished["high"] < finished["low"]
 
