@@ -15,6 +15,7 @@ BENCHES = {
     "daemon_footprint": "daemon CPU and RSS idle and under load, beside the stack's CPU (~1 min)",
     "attribution_matrix": "fault injection: injected cause x reported top cause (~10 min)",
     "nvml_sweep": "cost of one NVML sweep (GPU hosts; the failure path elsewhere)",
+    "bpf_primitives": "ns each of the operations the probes are built from (a clock read, a user read, a lookup) on this kernel (~1 min)",
     "server_overhead": "nginx under wrk with and without the probes, beside bpftrace: req/s, CPU and BPF time per request (~6 min)",
     "signal_checks": "every signal against its independent reference (nstat, ss, bpftrace, s_time, server logs) (~5 min)",
     "step_time_fit": "the reference decoder's step time a + b*tokens + c*seqs, for the LLM simulator (~1 min)",
