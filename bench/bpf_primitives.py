@@ -98,6 +98,7 @@ def source() -> str:
     bodies = {"bare": "acc += i;", **{name: body for name, (_, body) in PRIMITIVES.items()}}
     return TEXT + "".join(PROGRAM % item for item in bodies.items())
 
+
 # A watched HTTP/1.x request as bpf/http.bpf.c sees nginx's keep-alive one: the
 # request's read and the response's writev, each its watched test and its
 # connection's lookup; the writev's registers, its iovec array and its header
