@@ -15,6 +15,15 @@ from tests.e2e.conftest import capacity, daemon_config
 TUNERS_GATEWAY = "[services.gateway.tuners.throttle]\ninterval_s = 1.0\n"
 TUNERS_INFERENCE = "[services.inference.tuners.batch]\ninterval_s = 3.0\n"
 HIGH_X, HIGH_S, LOW_X, LOW_S = 1.5, 36.0, 0.15, 20.0     # load steps, times the capacity
+START_LIMIT = 64     # the gateway's concurrency limit as the stack starts
+
+
+def slo_s(rate: float) -> float:
+    """The gateway's SLO: 0.8 s, or less where the starting limit holds the step's latency
+    near it. A step past the capacity keeps START_LIMIT queries in the gateway, each
+    waiting ~START_LIMIT / rate (0.72 s at 89 q/s: P99 peaked at 0.77 s, under 0.8, in a
+    clean-clone CI run on 2026-12-06), so the SLO is at most 0.6 of that."""
+    return round(min(0.8, 0.6 * START_LIMIT / rate), 2)
 
 
 def drive(stack, daemon, phases):
@@ -44,16 +53,18 @@ def rate(stack) -> float:
 
 
 def test_load_step_pushes_settings_brings_p99_back_and_relaxes(stack, daemon_factory, fresh_settings, rate):
-    d = daemon_factory(lambda port, work: daemon_config(stack.state, port, work, gateway_slo_ms=800,
+    slo = slo_s(rate)
+    d = daemon_factory(lambda port, work: daemon_config(stack.state, port, work, gateway_slo_ms=round(slo * 1e3),
                                                   gateway_tuners=TUNERS_GATEWAY, inference_tuners=TUNERS_INFERENCE))
     trace = drive(stack, d, [(HIGH_X * rate, HIGH_S), (LOW_X * rate, LOW_S)])
     high = [r for r in trace if r["t"] < HIGH_S]
     low = [r for r in trace if r["t"] >= HIGH_S + 5]
-    slo = 0.8
+    print(f"capacity {rate:.1f} q/s, SLO {slo} s; P99 each second:", [r["gateway_p99"] and round(r["gateway_p99"], 2)
+                                                                      for r in trace])
     assert max(r["gateway_p99"] or 0 for r in high[:15]) > slo, "the step never pushed P99 over the SLO"
     late = [r["gateway_p99"] for r in high[-8:] if r["gateway_p99"] is not None]
     assert sorted(late)[len(late) // 2] <= slo, f"P99 not back under the SLO late in the step: {late}"
-    assert min(r["limit"] for r in high) < 64 and max(r["batch"] for r in high) > 1
+    assert min(r["limit"] for r in high) < START_LIMIT and max(r["batch"] for r in high) > 1
     assert low[-1]["limit"] > min(r["limit"] for r in high), "less load did not relax the concurrency limit"
     logs = {name: (stack.run_dir / f"{name}.log").read_text() for name in ("gateway", "inference")}
     assert "concurrency_limit" in logs["gateway"] and "max_batch_size" in logs["inference"]
@@ -64,13 +75,14 @@ def test_load_step_pushes_settings_brings_p99_back_and_relaxes(stack, daemon_fac
 
 
 def test_dry_run_decides_but_pushes_nothing(stack, daemon_factory, fresh_settings, rate):
-    d = daemon_factory(lambda port, work: daemon_config(stack.state, port, work, gateway_slo_ms=800,
+    d = daemon_factory(lambda port, work: daemon_config(stack.state, port, work,
+                                                        gateway_slo_ms=round(slo_s(rate) * 1e3),
                                                         gateway_tuners=TUNERS_GATEWAY,
                                                         inference_tuners=TUNERS_INFERENCE), "--dry-run")
     drive(stack, d, [(HIGH_X * rate, 12.0)])
     outcomes = {e["outcome"] for e in d.audit()}
     assert "dry-run" in outcomes and "pushed" not in outcomes
-    assert stack.settings("gateway")["concurrency_limit"] == 64
+    assert stack.settings("gateway")["concurrency_limit"] == START_LIMIT
     assert stack.settings("inference")["max_batch_size"] == 1
     assert d.status()["dry_run"] is True
     assert re.search(r'slotune_tuner_decisions_total\{[^}]*outcome="dry_run"[^}]*\} [1-9]', d.metrics())

@@ -17,7 +17,16 @@ from reference_stack import launcher, loadgen
 from reference_stack.client import StackClient
 from tests.e2e.conftest import capacity, daemon_config
 
-SLO_MS = 1000.0
+START_LIMIT = 32     # the gateway's concurrency limit as the stack starts
+
+
+def slo_ms(capacity: float) -> float:
+    """The gateway's SLO: 1 s, or START_LIMIT queries' worth of the capacity where that is
+    less. The starting limit holds the step's latency near its queue's wait (P99 0.72-0.75 s
+    at 75 q/s, 2026-12-06), so on a host faster than the one this test was written on a fixed
+    1 s was never broken: the throttle alone raised the limit and refused less (107 late
+    refusals in a clean-clone CI run, where the dimmer's run refused 192)."""
+    return round(min(1000.0, START_LIMIT / capacity * 1e3))
 THROTTLE = "[services.gateway.tuners.throttle]\ninterval_s = 1.0\n"
 DEGRADE = "[services.gateway.tuners.degrade]\ninterval_s = 1.0\n"
 STEP_S, LOW_S = 18.0, 8.0
@@ -29,7 +38,8 @@ def stack(tmp_path_factory):
     ones (no tools, 1 token), so the stack carries the step degraded but not in full."""
     cfg = launcher.StackConfig.on_free_ports(
         tmp_path_factory.mktemp("degrade-stack"),
-        settings={"inference": {"max_batch_size": 1}, "gateway": {"concurrency_limit": 32, "degrade_max_tokens": 1}})
+        settings={"inference": {"max_batch_size": 1},
+                  "gateway": {"concurrency_limit": START_LIMIT, "degrade_max_tokens": 1}})
     state = launcher.start(cfg)
     try:
         yield StackClient(state)
@@ -64,10 +74,11 @@ def run_step(stack, daemon, rate: float, low_s: float = 0.0) -> tuple[list, list
 
 
 def test_the_dimmer_answers_an_overload_step_degraded_where_the_throttle_alone_refuses(stack, daemon_factory):
-    rate = 1.5 * capacity(stack)
+    measured = capacity(stack)
+    rate, slo = 1.5 * measured, slo_ms(measured)
 
     def config(tuners):
-        return lambda port, work: daemon_config(stack.state, port, work, gateway_slo_ms=SLO_MS,
+        return lambda port, work: daemon_config(stack.state, port, work, gateway_slo_ms=slo,
                                                 gateway_tuners=tuners).replace("[daemon]\n", "[daemon]\nprobes = []\n")
 
     # Both runs start from flushed caches (capacity() flushes what it warmed): warm, the first
@@ -76,12 +87,15 @@ def test_the_dimmer_answers_an_overload_step_degraded_where_the_throttle_alone_r
     records, trace_alone = run_step(stack, alone, rate)
     refused_alone = late_refusals(records)
     alone.stop()
-    stack.patch("gateway", concurrency_limit=32)
+    stack.patch("gateway", concurrency_limit=START_LIMIT)
     stack.admin("gateway", "POST", {"level": "all"}, path="/admin/cache/flush")
 
     dimmed = daemon_factory(config(THROTTLE + DEGRADE), name="with-degrade")
     records, trace = run_step(stack, dimmed, rate, LOW_S)
     outcomes = [r.outcome for r in records]
+    for name, t in (("throttle alone", trace_alone), ("with the dimmer", trace)):
+        print(f"{name}, capacity {measured:.1f} q/s, SLO {slo:.0f} ms: (s, P99, degrade_ratio, limit)",
+              [(round(s), p and round(p, 2), round(r, 2), lim) for s, p, r, lim in t])
     half = sum(r.t_s >= STEP_S / 2 for r in records)
     assert refused_alone >= 0.1 * half, f"the throttle alone refused only {refused_alone} of {half} late in the step"
     assert late_refusals(records) <= refused_alone / 2, (late_refusals(records), refused_alone,
@@ -91,7 +105,7 @@ def test_the_dimmer_answers_an_overload_step_degraded_where_the_throttle_alone_r
     # any tuner acts, and how many they are moves with the capacity measured on a shared host)
     assert outcomes.count("degraded") >= 0.15 * len(outcomes), f"the dimmer degraded {outcomes.count('degraded')}"
     late = [p99 for t, p99, _, _ in trace if STEP_S - 6 <= t < STEP_S and p99 is not None]
-    assert late and float(np.median(late)) <= SLO_MS / 1e3, f"gateway P99 late in the step: {late}"
+    assert late and float(np.median(late)) <= slo / 1e3, f"gateway P99 late in the step: {late}"
     assert max(ratio for t, _, ratio, _ in trace if t < STEP_S) > 0.3, trace
     low = [ratio for t, _, ratio, _ in trace if t >= STEP_S]
     # back to 0 within the low phase; a one-second blip after (a 0.05 at a few queries a second) is noise

@@ -128,7 +128,11 @@ def test_load_step_lowers_haproxy_maxconn_and_brings_p99_back(tmp_path, daemon_f
     # the throttle gives the limit back, x1.1 or +1 a window while it is not binding with the queue under
     # half its budget: above where the step left it, so above the step's lowest too (a rollback inside the
     # step can also lift it above its lowest: 19 -> 37 in one run, which showed no raise after the drop)
-    assert max(after) > step[-1], f"maxconn not raised again after the load dropped (from {step[-1]}): {after}"
+    # or, where the first window after the drop still read the step's P99 and cut once more (33 -> 18,
+    # then raised to 32 in the 12 s in a clean-clone CI run on 2026-12-06), well above that cut
+    lowest = min(after)
+    assert max(after) > step[-1] or max(after[after.index(lowest):]) >= 1.25 * lowest, \
+        f"maxconn not raised again after the load dropped (from {step[-1]}): {after}"
     assert max(after) <= start, f"the throttle raised maxconn above the {start} HAProxy started with: {after}"
     pushed = [e for e in d.audit() if e["outcome"] == "pushed"]
     assert pushed and all(e["setting"] == "concurrency_limit" and 1 <= e["new"] <= start for e in pushed)
