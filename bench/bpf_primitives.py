@@ -1,7 +1,7 @@
 """What the single operations slotune's probes are built from cost on this kernel,
 in ns each: a clock read, the current task's id, a user or a kernel read, a hash,
 LRU-hash or per-CPU array lookup, a histogram bump as bpf/common.h's hist_add does
-it. Each is a program of its own on the raw sys_enter tracepoint that does the
+it (the probes' own helpers, compiled after bpf/common.h). Each is a program of its own on the raw sys_enter tracepoint that does the
 operation REPEAT times for this process's getppid() loop only; the kernel times
 each program (kernel.bpf_stats_enabled, on while this runs), and an operation's
 cost is its program's ns a run less the bare program's (the same pid test), over
@@ -20,19 +20,19 @@ import statistics
 import sys
 import time
 
-from daemon.collectors.kernel.program_cost import STATS_SYSCTL, run_stats
+from bench.server_overhead import bpf_stats_on
+from daemon.collectors.kernel.program import program_text
+from daemon.collectors.kernel.program_cost import run_stats
 
 REPEAT = 4
-TEXT = r"""
-#include <uapi/linux/ptrace.h>
+# After bpf/common.h (program_text: its #defines, helpers and shared maps), the
+# bench's own maps.
+MAPS = r"""
 BPF_ARRAY(config, u64, 1);                           /* [0]: a user address in this process */
 BPF_PERCPU_ARRAY(sink, u64, 1);                      /* keeps each result alive */
 BPF_HASH(hash, u64, u64, 1024);
 BPF_TABLE("lru_hash", u64, u64, lru, 1024);
 BPF_PERCPU_ARRAY(counters, u64, 16);
-struct hkey { u32 service; u16 signal; u16 label; u32 slot; };
-struct hbucket { u64 count; u64 sum; };
-BPF_HASH(hists, struct hkey, struct hbucket, 1024);
 struct big { char bytes[256]; };
 BPF_PERCPU_ARRAY(bigbuf, struct big, 1);
 
@@ -54,9 +54,8 @@ static __always_inline u64 user_addr(void)
 PRIMITIVES = {
     "ktime": ("bpf_ktime_get_ns (a clock read)", "acc += bpf_ktime_get_ns();"),
     "jiffies": ("bpf_jiffies64 (inlined by the verifier)", "acc += bpf_jiffies64();"),
-    "pidtgid": ("bpf_get_current_pid_tgid (the watched test's tid)", "acc += bpf_get_current_pid_tgid();"),
-    "ptregs": ("bpf_task_pt_regs(current): the syscall's registers",
-               "acc += PT_REGS_PARM2((struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf()));"),
+    "pidtgid": ("bpf_get_current_pid_tgid (the watched test's tid)", "acc += current_tid();"),
+    "ptregs": ("bpf_task_pt_regs(current): the syscall's registers", "acc += PT_REGS_PARM2(current_regs());"),
     "user8": ("bpf_probe_read_user, 8 bytes",
               "u64 v = 0; bpf_probe_read_user(&v, 8, (void *)(user_addr() + 8 * i)); acc += v;"),
     "user256": ("bpf_probe_read_user, 256 bytes (a header block)",
@@ -75,9 +74,7 @@ PRIMITIVES = {
             "u64 key = i + 1; u64 *v = lru.lookup(&key); if (v) acc += *v;"),
     "percpu": ("per-CPU array slot += 1 (a counter)", "u32 slot = i; u64 *v = counters.lookup(&slot); if (v) (*v)++;"),
     "hist": ("histogram bump: hash lookup_or_try_init + 2 atomic adds",
-             "struct hkey k = {.service = 1, .signal = 2, .slot = 100 + i}; struct hbucket zero = {};"
-             " struct hbucket *b = hists.lookup_or_try_init(&k, &zero);"
-             " if (b) { __sync_fetch_and_add(&b->count, 1); __sync_fetch_and_add(&b->sum, 1000); }"),
+             "hist_add(1, SIG_HTTP_REQUEST, 0, 1000000 + i); acc += i;"),
 }
 PROGRAM = """
 int prim_%s(struct bpf_raw_tracepoint_args *ctx)
@@ -94,9 +91,10 @@ int prim_%s(struct bpf_raw_tracepoint_args *ctx)
 
 
 def source() -> str:
-    """The maps, then a program for the bare test and one for each primitive."""
+    """bpf/common.h, the bench's maps, then a program for the bare test and one for each
+    primitive: the probes' own helpers (current_tid, current_regs, hist_add) are timed."""
     bodies = {"bare": "acc += i;", **{name: body for name, (_, body) in PRIMITIVES.items()}}
-    return TEXT + "".join(PROGRAM % item for item in bodies.items())
+    return program_text([]) + MAPS + "".join(PROGRAM % item for item in bodies.items())
 
 
 # A watched HTTP/1.x request as bpf/http.bpf.c sees nginx's keep-alive one: the
@@ -147,18 +145,16 @@ def main(argv=None) -> int:
     names = ["bare", *PRIMITIVES]
     for name in names:
         bpf.load_func(f"prim_{name}".encode(), BPF.RAW_TRACEPOINT)
-    stats_was = STATS_SYSCTL.read_text().strip()
-    STATS_SYSCTL.write_text("1")
     runs: dict[str, list[float]] = {n: [] for n in names}
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     try:
-        for r in range(args.rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
-            for name in order:
-                runs[name].append(measure(bpf, name, args.seconds))
-            print(f"  round {r + 1}/{args.rounds}", file=sys.stderr)
+        with bpf_stats_on():
+            for r in range(args.rounds):
+                order = names[r % len(names):] + names[:r % len(names)]
+                for name in order:
+                    runs[name].append(measure(bpf, name, args.seconds))
+                print(f"  round {r + 1}/{args.rounds}", file=sys.stderr)
     finally:
-        STATS_SYSCTL.write_text(stats_was)
         bpf.cleanup()
     bare = runs["bare"]
     print(f"BPF primitives, {started}, kernel {os.uname().release}, {args.rounds} rounds x "

@@ -15,18 +15,18 @@ import pytest
 
 from reference_stack import launcher, loadgen
 from reference_stack.client import StackClient
-from tests.e2e.conftest import capacity, daemon_config
+from tests.e2e.conftest import capacity, daemon_config, step_slo_s
 
 START_LIMIT = 32     # the gateway's concurrency limit as the stack starts
 
 
 def slo_ms(capacity: float) -> float:
-    """The gateway's SLO: 1 s, or START_LIMIT queries' worth of the capacity where that is
-    less. The starting limit holds the step's latency near its queue's wait (P99 0.72-0.75 s
-    at 75 q/s, 2026-12-06), so on a host faster than the one this test was written on a fixed
-    1 s was never broken: the throttle alone raised the limit and refused less (107 late
-    refusals in a clean-clone CI run, where the dimmer's run refused 192)."""
-    return round(min(1000.0, START_LIMIT / capacity * 1e3))
+    """1 s, or what START_LIMIT queries wait at this capacity (step_slo_s): with a fixed 1 s
+    the throttle alone raised its limit and refused less than the dimmer's run (107 late
+    refusals against 192 in a clean-clone CI run on 2026-12-06)."""
+    return round(step_slo_s(1.0, START_LIMIT, capacity, 1.0) * 1e3)
+
+
 THROTTLE = "[services.gateway.tuners.throttle]\ninterval_s = 1.0\n"
 DEGRADE = "[services.gateway.tuners.degrade]\ninterval_s = 1.0\n"
 STEP_S, LOW_S = 18.0, 8.0
