@@ -2,7 +2,9 @@
 builds one Window per service and one Interval of them, hands that to
 attribution, the control loop and the baseline recorder, and publishes what it
 found for /metrics and /status; it reloads its config on SIGHUP and detaches
-every probe on SIGTERM."""
+every probe on SIGTERM. Each service's window, attribution, decisions and
+baseline rows run in its bulkhead (daemon/host/bulkheads.py). Ticks keep time by
+the monotonic clock, so a step of the wall clock neither stalls nor rushes them."""
 from __future__ import annotations
 
 import functools
@@ -28,6 +30,7 @@ from daemon.export.samples import SampleExporter
 from daemon.export.server import MetricsServer
 from daemon.export import sinks
 from daemon.host import sdnotify
+from daemon.host.bulkheads import Bulkheads
 from daemon.host.signals import Signals
 from daemon.model import window
 from daemon.model.columns import History
@@ -38,7 +41,11 @@ from daemon.store.recorder import BaselineRecorder
 log = logging.getLogger(__name__)
 STORE_BUSY_S = 0.5         # a locked baseline store costs a tick at most this long
 HISTORY_S = 600.0          # windows kept per service (attribution horizon and tuners' look-back)
-MAX_FAILED_INTERVALS = 30  # this many failing intervals in a row end the process
+MAX_FAILED_INTERVALS = 30  # this many failing intervals in a row (the daemon's own fault) end the process
+# The watchdog's allowance while a push runs: the slowest surface's worst case (Triton: 4 calls
+# of 30 s; nginx: 4 steps of 10 s), so systemd never kills the daemon mid-push.
+PUSH_WATCHDOG_S = 150.0
+CLOCK_STEP_S = 1.0         # the wall clock moving this much against the monotonic one is a step, said
 # Keys read only when the daemon starts; a reload that changes one is refused.
 RESTART_ONLY = ("exporter_address", "audit_log", "baseline_store", "state_file", "collect_interval_s", "probes",
                 "bpf_map_entries", "export")
@@ -52,6 +59,9 @@ class Daemon:
         self.registry = CollectorRegistry()
         self.registry.register(self.metrics)
         self.registry.register(self.exporter)
+        self.bulkheads = Bulkheads()
+        self.registry.register(self.bulkheads)
+        self.clock = SteadyClock()
         self.collectors = list(collectors) if collectors is not None else self._default_collectors(cfg)
         for c in self.collectors:
             for extra in c.metric_families():
@@ -64,8 +74,10 @@ class Daemon:
         self.registry.register(self.recorder)
         self.guard_file = GuardFile(cfg.state_file)
         self.sinks = sinks.start(cfg, self.registry)    # decisions to Grafana / OTLP, if [export] says so
+        self.watchdog_s = sdnotify.watchdog_interval()
         self.control = ControlLoop(cfg, self._actuators(cfg), self.audit, dry_run or cfg.dry_run,
-                                   self.recorder.baseline, self.guard_file.load())
+                                   self.recorder.baseline, self.guard_file.load(), self.bulkheads,
+                                   self._before_push, self._after_push)
         self.restore_on_exit = restore_on_exit
         self.state_errors = 0
         self.signals = Signals()
@@ -118,7 +130,7 @@ class Daemon:
     def close(self) -> None:
         sdnotify.stopping()
         if self.restore_on_exit:
-            restored = self.control.restore(time.time())
+            restored = self.control.restore(self.clock.now())
             self._save_guards()
             log.info("restore on exit: %d setting(s) put back", len(restored))
         for c in self.collectors:
@@ -138,11 +150,13 @@ class Daemon:
         """SIGTERM/SIGINT stop, SIGHUP reloads; installed before start() says READY=1."""
         self.signals.install()
 
-    def _wait_until(self, end: float, watchdog: float | None) -> None:
-        """Sleep until `end` (or a stop), pinging the systemd watchdog at half its interval."""
+    def _wait_until(self, end: float, alive: bool) -> None:
+        """Sleep until `end` on the steady clock (or a stop), pinging the systemd watchdog at
+        half its interval while the last tick completed: a daemon whose ticks fail goes quiet."""
+        watchdog = self.watchdog_s
         while not self.signals.stop:
-            left = end - time.time()
-            if watchdog:
+            left = end - self.clock.now()
+            if watchdog and alive:
                 sdnotify.watchdog_ping()
             if left <= 0:
                 return
@@ -150,28 +164,39 @@ class Daemon:
 
     def run_forever(self) -> None:
         """The main loop, until SIGTERM/SIGINT; handle_signals() was called before start()."""
-        watchdog = sdnotify.watchdog_interval()
-        start, failures = time.time(), 0
+        start, failures = self.clock.now(), 0
         try:
             while not self.signals.stop:
                 end = start + self.cfg.collect_interval_s
-                self._wait_until(end, watchdog)
+                self._wait_until(end, failures == 0)
                 if self.signals.stop:
                     break
                 if self.signals.reload:
                     self.signals.reload = False
                     self.reload()
                 try:
-                    self.step(start, time.time())
+                    self.step(start, self.clock.now())
                     failures = 0
                 except Exception:
                     failures += 1
                     log.exception("interval failed (%d in a row); the daemon goes on", failures)
                     if failures >= MAX_FAILED_INTERVALS:
                         raise   # exit non-zero: systemd restarts us (Restart=on-failure)
-                start = end if time.time() - end < self.cfg.collect_interval_s else time.time()
+                now = self.clock.now()
+                start = end if now - end < self.cfg.collect_interval_s else now
         finally:
             self.close()
+
+    def _before_push(self) -> None:
+        """A push may outlast the watchdog: its judgement owed is saved first, and systemd
+        is given PUSH_WATCHDOG_S until _after_push()."""
+        self._save_guards()
+        if self.watchdog_s:
+            sdnotify.notify(f"WATCHDOG=1\nWATCHDOG_USEC={int(max(PUSH_WATCHDOG_S, self.watchdog_s) * 1e6)}")
+
+    def _after_push(self) -> None:
+        if self.watchdog_s:
+            sdnotify.notify(f"WATCHDOG=1\nWATCHDOG_USEC={int(self.watchdog_s * 1e6)}")
 
     def reload(self) -> bool:
         """Re-read the config file; a file that is bad, or that changes a key read only at
@@ -200,7 +225,8 @@ class Daemon:
         specs = [s.spec for s in new.services]
         for c in self.collectors:
             c.update_services(specs)
-        self.control.reconfigure(new, self._actuators(new))
+        if self.control.reconfigure(new, self._actuators(new), self.clock.now()):
+            self._save_guards()
         log.info("config reloaded from %s: %d service(s)", new.path, len(new.services))
         sdnotify.ready()
         return True
@@ -223,15 +249,18 @@ class Daemon:
             by_service[s.service].append(s)
         built = []
         for svc in self.cfg.services:
-            w = window.build(svc.spec, start, end, by_service.get(svc.name, []))
-            self.history[svc.name].append(w)
-            built.append(w)
+            w = self.bulkheads.run(svc.name, "window",
+                                   lambda svc=svc: window.build(svc.spec, start, end, by_service.get(svc.name, [])))
+            if w is not None:
+                self.history[svc.name].append(w)
+                built.append(w)
         names = [s.name for s in self.cfg.services]
         interval = Interval(start, end, {name: tuple(self.history[name]) for name in names})
         span = math.floor(end / attribution.RECENT_S)
         if span != self.explained_span:   # each span attribution judges, once, as it ends
-            self.explained = attribution.explain_all(interval.history, attribution.call_graph(self.cfg.services),
-                                                     now=end)
+            self.explained = attribution.explain_all(
+                interval.history, attribution.call_graph(self.cfg.services), now=end,
+                guard=lambda name, explain: self.bulkheads.run(name, "attribute", explain))
             self.explained_span = span
         entries = self.control.tick(interval)
         if entries:
@@ -239,7 +268,7 @@ class Daemon:
         self.sinks.decided(entries)
         view = self._view(self.explained)
         self.metrics.observe(built, entries, view)
-        self.recorder.record(interval, names)
+        self.recorder.record(interval, names, lambda name, rows: self.bulkheads.run(name, "record", rows))
         self.sinks.tick(end)        # after this tick's metrics: a snapshot over OTLP includes it
         self.shown = self._status(interval, view)
 
@@ -325,3 +354,24 @@ def _mean(h) -> float | None:
 
 def _p99(h) -> float | None:
     return _finite(h.quantile(0.99)) if h is not None and h.count else None
+
+
+class SteadyClock:
+    """Wall-clock seconds as they were at start, advanced by the monotonic clock: ticks,
+    holds and back-offs keep their length when the wall clock steps (NTP, an operator).
+    A step is said once in the log with its size; slotune's stamps stay that far from the
+    wall clock until it restarts."""
+
+    def __init__(self):
+        self.wall0, self.mono0 = time.time(), time.monotonic()
+        self.offset = 0.0      # the wall clock's steps so far, as last said
+
+    def now(self) -> float:
+        steady = self.wall0 + time.monotonic() - self.mono0
+        offset = time.time() - steady
+        if abs(offset - self.offset) >= CLOCK_STEP_S:
+            log.warning("the wall clock stepped by %+.1f s; slotune keeps time by the monotonic clock (ticks and "
+                        "holds keep their length; its timestamps are %+.1f s off the wall clock until it restarts)",
+                        offset - self.offset, -offset)
+            self.offset = offset
+        return steady

@@ -561,11 +561,14 @@ def explain(service: str, history: Mapping[str, Sequence[Window]],
 
 
 def explain_all(history: Mapping[str, Sequence[Window]], downstream: Mapping[str, Sequence[str]] | None = None, *,
-                now: float | None = None, recent_s: float = RECENT_S,
-                horizon_s: float = HORIZON_S) -> dict[str, Explanation]:
-    """Every service in history explained once (the daemon calls this each window)."""
+                now: float | None = None, recent_s: float = RECENT_S, horizon_s: float = HORIZON_S,
+                guard=lambda service, explain: explain()) -> dict[str, Explanation]:
+    """Every service in history explained once (the daemon calls this each window);
+    guard(service, explain) runs each one's explain() (the daemon's bulkhead: None where it
+    failed, and that service has no explanation this time)."""
     ex = _Explainer(history, downstream or {}, now, recent_s, horizon_s)
-    return {name: ex.explain(name, frozenset()) for name in history}
+    out = {name: guard(name, lambda name=name: ex.explain(name, frozenset())) for name in history}
+    return {name: e for name, e in out.items() if e is not None}
 
 
 class _Explainer:

@@ -3,11 +3,14 @@ Interval's windows since their last decision, and pushes what they decide
 through the service's actuator behind the guards — finite values only, bounds,
 largest step, one change per setting per interval, a decision pushed whole or
 not at all, rollback when the SLO gets worse (retried until it lands),
-back-off when the control surface is down, and dry-run. Every decision is in
-the audit log before it is pushed; the guards' memory survives a restart. The
-settings in force are read back when a tuner is due, at most every REFRESH_S,
-and again just before anything is pushed: a decision taken on settings that
-have changed since is not pushed, the tuner decides again on what is in force."""
+back-off when the control surface is down, and dry-run (which stops new
+changes, not the rollbacks owed for slotune's own). Each service runs in its
+bulkhead: whatever one service's answers make happen stays that service's. Every
+decision is in the audit log, and its judgement owed, before it is pushed; the
+guards' memory survives a restart. The settings in force are read back when a
+tuner is due, at most every REFRESH_S, and again just before anything is pushed:
+a decision taken on settings that have changed since is not pushed, the tuner
+decides again on what is in force."""
 from __future__ import annotations
 
 import logging
@@ -20,6 +23,7 @@ from daemon.control.actuators import Actuator, ActuatorError, plain
 from daemon.control.audit import AuditError, AuditLog, Entry, Outcome
 from daemon.control.guard_state import GuardState
 from daemon.control.tuner_specs import SPECS, Alert
+from daemon.host.bulkheads import Bulkheads
 from daemon.model.interval import Interval
 
 log = logging.getLogger(__name__)
@@ -63,9 +67,13 @@ class ServiceControl:
 
 class ControlLoop:
     def __init__(self, cfg: Config, actuators: dict[str, Actuator], audit: AuditLog, dry_run: bool,
-                 baseline_for=lambda service, since, until: None, guards: dict[str, GuardState] | None = None):
+                 baseline_for=lambda service, since, until: None, guards: dict[str, GuardState] | None = None,
+                 bulkheads: Bulkheads | None = None, before_push=lambda: None, after_push=lambda: None):
         self.audit, self.dry_run = audit, dry_run
         self.baseline_for = baseline_for   # (service, since, until) -> tuners.drift.Baseline | None
+        self.bulkheads = bulkheads or Bulkheads()
+        # before_push(): the pending judgement is saved and the watchdog told; after_push() once it is over
+        self.before_push, self.after_push = before_push, after_push
         guards = guards or {}
         # a service with admission_by is pushed through its proxy's surface
         self.services = {s.name: ServiceControl(s, actuators.get(s.admission_by or s.name),
@@ -75,11 +83,20 @@ class ControlLoop:
         self.drift: dict[tuple[str, str], tuple[float, bool]] = {}
         self.audit_failures = 0
 
-    def reconfigure(self, cfg: Config, actuators: dict[str, Actuator]) -> None:
+    def reconfigure(self, cfg: Config, actuators: dict[str, Actuator], now: float) -> list[Entry]:
         """Keep tuner state for services and tuners that survive a reload with the same
         policy; a tuner whose policy changed starts fresh (one policy's state means
-        nothing to another)."""
-        old = self.services
+        nothing to another). A service the new config drops has every change still
+        being judged put back first: nobody would judge it after."""
+        old, entries = self.services, []
+        new = {s.name: s for s in cfg.services}
+        for name, sc in old.items():
+            if name not in new:
+                entries += self._put_back_pending(sc, now, "the service left the config while the change was "
+                                                  "being judged")
+            elif new[name].control != sc.conf.control:
+                entries += self._put_back_pending(sc, now, "its control surface changed in the config while the "
+                                                  "change was being judged")
         self.services = {}
         for s in cfg.services:
             if s.name not in old:
@@ -90,32 +107,47 @@ class ControlLoop:
                       if any(t.name == name and t.policy == was.get(name) for t in s.tuners)}
             self.services[s.name] = replace(old[s.name], conf=s, actuator=actuators.get(s.admission_by or s.name),
                                             stopped=set(), states=states)
+        self.bulkheads.forget(set(self.services))
+        return entries
+
+    def _put_back_pending(self, sc: ServiceControl, now: float, why: str) -> list[Entry]:
+        entries = []
+        for p in list(sc.guard.pending):
+            if sc.actuator is None:
+                break
+            p.rollback, p.why = True, p.why or why
+            entries += self.bulkheads.run(sc.conf.name, "decide", lambda p=p: self._roll_back(sc, p, now), [])
+        return entries
 
     def guards(self) -> dict[str, GuardState]:
         return {name: sc.guard for name, sc in self.services.items()}
 
     def tick(self, interval: Interval) -> list[Entry]:
-        now, entries = interval.end, []
+        """Each service's judgements and decisions, each service in its bulkhead."""
+        entries = []
         for sc in self.services.values():
-            if not sc.conf.tuners:
-                continue
-            name = sc.conf.name
-            due = [t for t in sc.conf.tuners if t.name not in sc.stopped
-                   and now - sc.last_decision.get(t.name, -math.inf) >= t.interval_s]
-            judging = any(now - p.t >= p.interval_s for p in sc.guard.pending) or sc.guard.rollbacks_owed
-            if not (due or judging):
-                continue
-            if sc.actuator is not None and not self._refresh(sc, now):
-                continue
-            for setting in sc.conf.recommend:    # restart-only: in force is what it was started with
-                sc.settings.setdefault(setting, sc.conf.settings[setting].in_force)
-            entries += self._judge(sc, interval)
-            for tconf in due:
-                since = sc.last_decision.get(tconf.name, now - tconf.interval_s)
-                sc.last_decision[tconf.name] = now
-                recent = interval.since(name, since)
-                if recent.windows:
-                    entries += self._decide(sc, tconf, interval, recent)
+            if sc.conf.tuners:
+                entries += self.bulkheads.run(sc.conf.name, "decide", lambda sc=sc: self._tick(sc, interval), [])
+        return entries
+
+    def _tick(self, sc: ServiceControl, interval: Interval) -> list[Entry]:
+        now, entries, name = interval.end, [], sc.conf.name
+        due = [t for t in sc.conf.tuners if t.name not in sc.stopped
+               and now - sc.last_decision.get(t.name, -math.inf) >= t.interval_s]
+        judging = any(now - p.t >= p.interval_s for p in sc.guard.pending) or sc.guard.rollbacks_owed
+        if not (due or judging):
+            return []
+        if sc.actuator is not None and not self._refresh(sc, now):
+            return []
+        for setting in sc.conf.recommend:    # restart-only: in force is what it was started with
+            sc.settings.setdefault(setting, sc.conf.settings[setting].in_force)
+        entries += self._judge(sc, interval)
+        for tconf in due:
+            since = sc.last_decision.get(tconf.name, now - tconf.interval_s)
+            sc.last_decision[tconf.name] = now
+            recent = interval.since(name, since)
+            if recent.windows:
+                entries += self._decide(sc, tconf, interval, recent)
         return entries
 
     def _refresh(self, sc: ServiceControl, now: float, fresh: bool = False) -> bool:
@@ -244,16 +276,25 @@ class ControlLoop:
         if not self._audit(planned):
             return []    # not audited, not pushed
         push = {e.setting: e.new for e in planned}
+        was = (list(sc.guard.pending), dict(sc.guard.last_change))
+        for e in planned:      # owed a judgement from before the push: a kill mid-push still has it judged
+            sc.guard.changed(e, now, tconf.interval_s, recent.p99, recent.offered_rps)
         try:
-            sc.actuator.push(push)
+            self._pushing(sc, push)
         except ActuatorError as exc:
+            sc.guard.pending[:], sc.guard.last_change = was   # the actuator put the previous values back
             if exc.unreachable:
                 self._back_off(sc, now, exc)
             return self._audit([replace(e, outcome=Outcome.PUSH_FAILED, detail=str(exc)) for e in planned])
         sc.settings.update(push)
-        for e in planned:
-            sc.guard.changed(e, now, tconf.interval_s, recent.p99, recent.offered_rps)
         return planned
+
+    def _pushing(self, sc: ServiceControl, changes: dict[str, float]) -> None:
+        self.before_push()
+        try:
+            sc.actuator.push(changes)
+        finally:
+            self.after_push()
 
     def _in_force_as_decided(self, sc: ServiceControl, now: float) -> bool:
         """Read the settings in force again before a push (unless read this tick): False when
@@ -301,9 +342,8 @@ class ControlLoop:
                       decision=self.audit.new_decision())
         if not self._audit([entry]):
             return []    # retried next tick
-        try:
-            if not self.dry_run:
-                sc.actuator.push({p.setting: p.old})
+        try:     # under dry-run too: it puts back slotune's own change, it makes none
+            self._pushing(sc, {p.setting: p.old})
         except ActuatorError as exc:
             if exc.unreachable:
                 self._back_off(sc, now, exc)
@@ -340,7 +380,7 @@ class ControlLoop:
             if not self._audit(planned):
                 continue
             try:
-                sc.actuator.push(back)
+                self._pushing(sc, back)
                 sc.settings.update(back)
                 entries += planned
             except ActuatorError as exc:

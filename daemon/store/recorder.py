@@ -62,28 +62,31 @@ class BaselineRecorder:
         self.prometheus_down = False
         self.said_empty: set[str] = set()
 
-    def record(self, interval: Interval, services: list[str]) -> None:
-        """One row per service and metric when RECORD_EVERY_S has passed since the last."""
+    def record(self, interval: Interval, services: list[str], guard=lambda service, rows: rows()) -> None:
+        """One row per service and metric when RECORD_EVERY_S has passed since the last;
+        guard(service, rows) runs each service's rows() (the daemon's bulkhead: None if it failed)."""
         now = interval.end
         if now - self.last_t < RECORD_EVERY_S:
             return
         self.last_t = now
         rows = []
         for service in services:
-            span = interval.since(service, now - RECORD_EVERY_S)
-            if not span.requests:
-                continue
-            errors = sum(w.errors for w in span.windows)
-            values = {"latency_p50_seconds": span.quantile(0.5), DRIFT_METRIC: span.p99,
-                      "throughput_rps": span.requests / span.seconds,
-                      "error_ratio": errors / max(span.requests, 1)}
-            rows += [(service, m, v, now, self.environment, self.deploy_id)
-                     for m, v in values.items() if math.isfinite(v)]
+            rows += guard(service, lambda service=service: self._rows(interval, service, now)) or []
         if rows:
             self._guarded("record", lambda: self.store.record_many(rows))
         if now - self.last_prune_t >= PRUNE_EVERY_S:
             self.last_prune_t = now
             self._guarded("prune", lambda: self.store.prune(now - self.retention_s))
+
+    def _rows(self, interval: Interval, service: str, now: float) -> list[tuple]:
+        span = interval.since(service, now - RECORD_EVERY_S)
+        if not span.requests:
+            return []
+        errors = sum(w.errors for w in span.windows)
+        values = {"latency_p50_seconds": span.quantile(0.5), DRIFT_METRIC: span.p99,
+                  "throughput_rps": span.requests / span.seconds,
+                  "error_ratio": errors / max(span.requests, 1)}
+        return [(service, m, v, now, self.environment, self.deploy_id) for m, v in values.items() if math.isfinite(v)]
 
     def _guarded(self, what: str, op):
         """op()'s result, or None when the store failed (said once per kind, counted)."""
