@@ -28,3 +28,20 @@ def test_token_objectives_show_only_where_a_service_declares_them():
     inference = next(line for line in table.splitlines() if line.startswith("inference"))
     assert "TTFT 800!/500 TPOT 30/50" in inference
     assert "TTFT" not in render({"services": {"gateway": service(0.2)}, "decisions": []})
+
+
+ATTACK = "\x1b[2J\x1b]0;owned\x07\x9b31m\x00\r\n\u2028\u202e"   # clear, title, BEL, C1 CSI, NUL, CR LF, LS, RLO
+INERT = "\\x1b[2J\\x1b]0;owned\\x07\\x9b31m\\x00\\r\\n\\u2028\\u202e"
+
+
+def test_text_services_wrote_is_shown_with_its_escapes_never_sent_to_the_terminal():
+    gateway = service(0.9, "downstream:" + ATTACK, {"downstream:" + ATTACK: 0.62})
+    gateway["settings"] = {"limit" + ATTACK: 3}
+    gateway["attribution"]["tokens"] = {"ttft": {"verdict": "TTFT " + ATTACK}}
+    table = render({"services": {"gw" + ATTACK: gateway},
+                    "decisions": [{"t": 0, "service": "gw" + ATTACK, "setting": "limit" + ATTACK, "old": 4, "new": 3,
+                                   "outcome": "refused" + ATTACK, "detail": "HTTP 500: " + ATTACK,
+                                   "reason": "queue " + ATTACK}]})
+    assert all(c == "\n" or c.isprintable() for c in table)
+    assert f"[refused{INERT}: HTTP 500: {INERT}] queue {INERT}" in table
+    assert f"limit{INERT}=3" in table and f"TTFT {INERT}" in table and table.count("\n") == 7

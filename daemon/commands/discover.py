@@ -4,11 +4,13 @@ matches a profile, probed over loopback with a short timeout, or a known process
 name), the probe families that will see it, and a starter slotune.toml for the
 ones picked, which `slotune run` loads as it is. For a product whose own config
 says where its limits are set (HAProxy's stats socket and servers), that config
-is read and the service's control, throttle and bounds are written whole."""
+is read and the service's control, throttle and bounds are written whole. What a
+process, a config or a /metrics page says is hostile: each value copied from one is
+written as an escaped TOML string (or left out), each comment and table cell as one
+line of printable ASCII."""
 from __future__ import annotations
 
 import http.client
-import json
 import os
 import re
 import sys
@@ -20,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from daemon import config, profiles
 from daemon.collectors.kernel.targeting import command_line, listening_table, netns_of, socket_inodes
 from daemon.collectors.service_metrics import parse_stub_status
+from daemon.control.actuators.haproxy import target_error
 from daemon.control.tuner_specs import SPECS
 from daemon.host.http_exchange import exchange
 from daemon.profiles import haproxy_config
@@ -95,8 +98,9 @@ def listeners() -> list[Listener]:
 
 
 def _comm(pid: int) -> str:
+    """The process's name, as it set it (any bytes but NUL; not UTF-8 is read as U+FFFD)."""
     try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
+        return Path(f"/proc/{pid}/comm").read_bytes().decode(errors="replace").strip()
     except OSError:
         return "?"
 
@@ -170,16 +174,52 @@ def name_them(found: list[Listener]) -> None:
             s.name = f"{base}-{s.port}"
         else:
             s.name = f"{base}-{s.port}-{s.netns}"
+    _one_each(found)
+
+
+def _one_each(found: list[Listener]) -> None:
+    """A name an earlier row already has gets a number after it: a process may call itself
+    what another row is named (`redis-6379`), and two [services.NAME] tables would not load."""
+    seen = set()
+    for s in found:
+        name, n = s.name, 1
+        while name in seen:
+            n += 1
+            name = f"{s.name}-{n}"
+        seen.add(name)
+        s.name = name
 
 
 def table(found: list[Listener]) -> str:
     own = netns_of(os.getpid())
     rows = [("NAME", "PROCESS", "PORT", "NETNS", "PROFILE", "METRICS", "PROBES")]
     for s in found:
-        rows.append((s.name, f"{s.process}[{s.pid}]", str(s.port), "host" if s.netns == own else str(s.netns),
-                     s.profile or "-", s.metrics_url or "-", ",".join(s.probes)))
+        rows.append((s.name, f"{printable(s.process)}[{s.pid}]", str(s.port),
+                     "host" if s.netns == own else str(s.netns), s.profile or "-", s.metrics_url or "-",
+                     ",".join(s.probes)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def printable(text: str) -> str:
+    """text as one line of printable ASCII, any other character as its TOML escape (\\u001B):
+    a comment or a table cell that a process's name, a config's path or a label fills can
+    neither end its line, nor send a terminal escape, nor hide behind a look-alike letter."""
+    return "".join(c if " " <= c <= "~" else f"\\u{ord(c):04X}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08X}"
+                   for c in text)
+
+
+def toml_string(value: str) -> str:
+    """value as a TOML basic string of printable ASCII, which reads back exactly (tomllib):
+    safe in a comment too, and right when that line is uncommented."""
+    if _not_utf8(value):
+        raise ValueError(f"{printable(value)} is not UTF-8 text")
+    return '"' + printable(value.replace("\\", "\\\\").replace('"', '\\"')) + '"'
+
+
+def _not_utf8(text: str) -> bool:
+    """Whether text holds bytes that were not UTF-8 (read as lone surrogates), which no TOML string holds."""
+    return any("\ud800" <= c <= "\udfff" for c in text)
 
 
 def starter(picked: list[Listener], slo_ms: float = 500.0) -> str:
@@ -194,14 +234,14 @@ def starter(picked: list[Listener], slo_ms: float = 500.0) -> str:
         p = profiles.get(s.profile) if s.profile else None
         out += [f"[services.{s.name}]", f"port = {s.port}"]
         if s.profile:
-            out.append(f'profile = "{s.profile}"')
+            out.append(f"profile = {toml_string(s.profile)}")
         if s.metrics_url:
-            out.append(f'metrics_url = "{s.metrics_url}"')
-        out += [f'{key} = "{fam}"' for key, fam in _own_families(s, p).items()]
+            out.append(f"metrics_url = {toml_string(s.metrics_url)}")
+        out += [f"{key} = {toml_string(fam)}" for key, fam in _own_families(s, p).items()]
         out.append(f"slo_p99_ms = {slo_ms:g}")
         if p is not None:
             out += [f"# {key} = {slo_ms:g}" for slo, key in profiles.SLO_KEYS.items() if slo != "p99" and slo in p.slos]
-            out += [f"# {s.process}'s config: {' '.join(hint.split())}" for hint in s.hints]   # one line each
+            out += [f"# {printable(s.process)}'s config: {printable(' '.join(hint.split()))}" for hint in s.hints]
             out += _control(s, p) if s.admission is not None else _control_hint(s, p)
         out.append("")
     return "\n".join(out)
@@ -222,13 +262,13 @@ def _control(s: Listener, p: profiles.Profile) -> list[str]:
     """[control], the throttle and the bounds of its concurrency limit, from where its own config sets it."""
     a, setting = s.admission, p.setting(ADMISSION)
     others = [x for x in p.settings or () if x.live and x.name != ADMISSION]
-    lines = [f"[services.{s.name}.control]", f'kind = "{setting.kind}"',
-             f"address = {json.dumps(a.socket.address)}"]     # a TOML string, whatever the path holds
+    lines = [f"[services.{s.name}.control]", f"kind = {toml_string(setting.kind)}",
+             f"address = {toml_string(a.socket.address)}"]
     if a.socket.level != "admin":
-        lines.append(f"# its stats socket is at level {a.socket.level}: `set maxconn` needs level admin; add "
-                     "`level admin` to that `stats socket` line and reload it, or slotune's pushes are refused")
-    lines += [f"[services.{s.name}.control.targets]", f'{ADMISSION} = "{a.target}"',
-              *(f'# {x.name} = "{_filled(x.target, s)}"' for x in others),
+        lines.append(f"# its stats socket is at level {printable(a.socket.level)}: `set maxconn` needs level admin; "
+                     "add `level admin` to that `stats socket` line and reload it, or slotune's pushes are refused")
+    lines += [f"[services.{s.name}.control.targets]", f"{ADMISSION} = {toml_string(a.target)}",
+              *(f"# {x.name} = {toml_string(_filled(x.target, s))}" for x in others),
               f"[services.{s.name}.tuners.throttle]",
               f"interval_s = {SPECS['throttle'].module.INTERVAL_S:g}    # the throttle's own step",
               f"[services.{s.name}.settings.{ADMISSION}]",
@@ -246,9 +286,9 @@ def _control_hint(s: Listener, p: profiles.Profile) -> list[str]:
     lines = []
     if live:
         lines += ["# To tune it (docs/targets.md), fill in and uncomment:", f"# [services.{s.name}.control]",
-                  f'# kind = "{live[0].kind}"', *(f"# {line}" for line in p.control),
+                  f"# kind = {toml_string(live[0].kind)}", *(f"# {line}" for line in p.control),
                   f"# [services.{s.name}.control.targets]"]
-        lines += [f'# {x.name} = "{_filled(x.target, s)}"' for x in live]
+        lines += [f"# {x.name} = {toml_string(_filled(x.target, s))}" for x in live]
     if restart:
         lines += ["# Restart-only (slotune recommends them; give in_force in [settings.NAME]): "
                   + ", ".join(f"{x.name} ({x.target})" for x in restart)]
@@ -257,11 +297,22 @@ def _control_hint(s: Listener, p: profiles.Profile) -> list[str]:
 
 
 def _filled(target: str, s: Listener) -> str:
-    """A target form with the names the service's own metrics give (HAProxy's backend/server)."""
+    """A target form with the names the service's own metrics give (HAProxy's backend/server),
+    where they are names HAProxy allows; else the form as it is, to fill in by hand."""
     servers = [labels for fam, labels in s.series if "server" in labels and "proxy" in labels]
     if servers and "BACKEND/SERVER" in target:
-        return target.replace("BACKEND/SERVER", f"{servers[0]['proxy']}/{servers[0]['server']}")
+        filled = target.replace("BACKEND/SERVER", f"{servers[0]['proxy']}/{servers[0]['server']}")
+        return filled if target_error(filled) is None else target
     return target
+
+
+def _writable(admission: haproxy_config.Admission | None, hints: list[str]):
+    """The admission, unless its stats socket's path is not UTF-8 (no TOML string holds it):
+    then none, with a hint, and the service is written with its control left to fill in."""
+    if admission is None or not _not_utf8(admission.socket.address):
+        return admission, hints
+    return None, [*hints, f"its stats socket {printable(admission.socket.address)} is not a UTF-8 path, which "
+                          "slotune.toml cannot hold: give its address in [control] by hand"]
 
 
 def _share_metrics(found: list[Listener]) -> None:
@@ -283,7 +334,7 @@ def run(args) -> int:
             listener.profile = by_name.name
     for s in found:
         if s.netns == own and (reader := OWN_CONFIG.get(s.profile)) is not None:
-            s.admission, s.hints = reader(s.pid, s.port)
+            s.admission, s.hints = _writable(*reader(s.pid, s.port))
     _share_metrics(found)
     name_them(found)
     print(table(found))

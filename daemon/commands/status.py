@@ -1,6 +1,7 @@
 """`slotune status`: the running daemon's per-service table (P99 vs SLO, TTFT
 and TPOT vs theirs where declared, TCP RTT and run-queue wait from the kernel, top cause,
-settings, what moved TTFT and TPOT, last decisions), refreshed in place in a terminal."""
+settings, what moved TTFT and TPOT, last decisions), refreshed in place in a terminal.
+Text in it that services wrote (error details, causes) is shown, never obeyed."""
 from __future__ import annotations
 
 import json
@@ -55,7 +56,21 @@ def _tokens(s: dict) -> str:
     return " ".join(out)
 
 
+def inert(value):
+    """The /status document with each string's characters a terminal would act on or hide
+    (ESC, CSI, OSC, BEL, the other C0 and C1 controls, line separators, bidi overrides) shown
+    as their escapes (\\x1b): a service's error body reaches it through decisions' details."""
+    if isinstance(value, str):
+        return "".join(c if c.isprintable() else repr(c)[1:-1] for c in value)
+    if isinstance(value, dict):
+        return {inert(k): inert(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [inert(v) for v in value]
+    return value
+
+
 def render(status: dict) -> str:
+    status = inert(status)
     tokens = any(s.get("slo_ttft_p99_s") or s.get("slo_tpot_p99_s") for s in status["services"].values())
     token_head = f" {'TTFT/TPOT P99/SLO ms':<24}" if tokens else ""
     rows = [f"{'service':<12} {'P50 ms':>7} {'P99 ms':>7} {'SLO ms':>7} {'req/s':>7} {'RTT ms':>7} {'runq ms':>7}"
