@@ -1,7 +1,8 @@
 """The audit log: one JSON line per setting of a decision (what, old -> new, why,
 outcome and its detail, and the decision it belongs to), written and fsynced
 before the push it describes, and kept in memory for `slotune status`. The
-lines of one decision go out in one write. If that push then fails, a line
+lines of one decision go out in one write, whole or not at all (a write cut
+short by a full disk is cut off again). If that push then fails, a line
 with the same decision follows: the last line of a decision says what became
 of it. SIGHUP reopens the file (logrotate: rotate, then `systemctl reload`;
 copytruncate is safe too, as every write appends)."""
@@ -110,20 +111,36 @@ class AuditLog:
         return f"{self._run}.{next(self._decisions)}"
 
     def write_all(self, entries: list[Entry]) -> None:
-        """Append the entries in one write and fsync it; AuditError when that fails."""
+        """Append the entries whole or not at all: one write, fsynced; AuditError when that fails."""
         if self.fd is not None and entries:
-            data = "".join(json.dumps(asdict(e)) + "\n" for e in entries).encode()
-            try:
-                written = os.write(self.fd, data)
-                if written != len(data):
-                    raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes)")
-                os.fsync(self.fd)
-            except OSError as exc:
-                raise AuditError(f"audit log {self.path} cannot be written ({exc.strerror or exc}); "
-                                 "free space there or set daemon.audit_log to a writable path") from None
+            self._append_whole("".join(json.dumps(asdict(e)) + "\n" for e in entries).encode())
         for e in entries:
             self.recent.append(e)
             log.info("decision %s", e.line())
+
+    def _append_whole(self, data: bytes) -> None:
+        """One write and an fsync; on a short write (disk full, file-size limit) or a failed fsync
+        the bytes it wrote are cut off again, so no reader ever sees part of a line."""
+        written = 0
+        try:
+            written = os.write(self.fd, data)
+            if written != len(data):
+                raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes)")
+            os.fsync(self.fd)
+        except OSError as exc:
+            left = self._take_back(written)
+            raise AuditError(f"audit log {self.path} cannot be written ({exc.strerror or exc}){left}; "
+                             "free space there or set daemon.audit_log to a writable path") from None
+
+    def _take_back(self, written: int) -> str:
+        """Cut the last `written` bytes (this write's, appended at the end); what is left, in words."""
+        if not written:
+            return ""
+        try:
+            os.ftruncate(self.fd, os.fstat(self.fd).st_size - written)
+            return ""
+        except OSError as exc:
+            return f" and the {written} bytes written could not be cut off again ({exc.strerror})"
 
     def write(self, entry: Entry) -> None:
         self.write_all([entry])

@@ -1,7 +1,8 @@
 """What the guards remember of a service between decisions, and across a restart:
 changes waiting to be judged (and rollbacks still owed), holds after a rollback,
 when each setting last changed, and the values in force before slotune first
-changed them (for --restore-on-exit). Saved to one JSON file after each tick."""
+changed them (for --restore-on-exit). Saved to one JSON file after each tick; a
+file that cannot be read at start is moved aside and the guards start empty."""
 from __future__ import annotations
 
 import json
@@ -9,11 +10,16 @@ import logging
 import math
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+
+from daemon.control.actuators.safe_files import set_aside
+from daemon.host.untrusted import json_value
 
 log = logging.getLogger(__name__)
 VERSION = 1
+STATE_MAX_BYTES = 16 << 20     # a few hundred bytes a setting: far beyond any host's services
+KINDS = {"str": str, "float": (int, float), "bool": bool}   # a field's annotation -> what the file may hold there
 
 
 @dataclass
@@ -29,6 +35,15 @@ class Pending:
     before_load: float
     rollback: bool = False    # judged worse: the old value is owed until a push of it lands
     why: str = ""
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Pending":
+        """TypeError for a field of the wrong kind (it would fail each judgement instead)."""
+        p = cls(**d)
+        wrong = [f.name for f in fields(cls) if not isinstance(getattr(p, f.name), KINDS.get(f.type, object))]
+        if wrong:
+            raise TypeError(f"pending change {d!r}: {', '.join(wrong)} of the wrong kind")
+        return p
 
 
 @dataclass
@@ -64,7 +79,7 @@ class GuardState:
 
     @classmethod
     def from_dict(cls, d: dict) -> "GuardState":
-        return cls(pending=[Pending(**p) for p in d.get("pending", [])],
+        return cls(pending=[Pending.from_dict(p) for p in d.get("pending", [])],
                    **{k: {s: float(v) for s, v in d.get(k, {}).items()}
                       for k in ("held_until", "last_change", "originals")},
                    rollbacks={s: int(v) for s, v in d.get("rollbacks", {}).items()})
@@ -79,22 +94,25 @@ class GuardFile:
 
     def load(self) -> dict[str, GuardState]:
         """What the last run left; {} for a first start. A file that cannot be read is said
-        once and set aside (renamed .bad), never fatal: the guards then start empty."""
+        once and moved aside (<name>.corrupt-<time>), never fatal: the guards then start empty."""
         try:
-            raw = json.loads(self.path.read_text())
+            raw = json_value(self.path.read_bytes(), self.path.name, max_bytes=STATE_MAX_BYTES)
             if raw.get("version") != VERSION:
                 raise ValueError(f"version {raw.get('version')!r}, this slotune writes {VERSION}")
             return {name: GuardState.from_dict(d) for name, d in raw["services"].items()}
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            log.error("guard state %s unreadable (%s); set aside as %s.bad, the guards start empty",
-                      self.path, exc, self.path.name)
-            try:
-                os.replace(self.path, self.path.with_name(self.path.name + ".bad"))
-            except OSError:
-                pass
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
+            self._set_aside(exc)
             return {}
+
+    def _set_aside(self, exc: Exception) -> None:
+        try:
+            aside = set_aside(self.path)
+        except OSError as move:
+            aside = f"nowhere (it could not be moved: {move.strerror}; the next save replaces it)"
+        log.error("guard state %s unreadable (%s): moved aside to %s, the guards start empty",
+                  self.path, exc, aside)
 
     def save(self, guards: dict[str, GuardState]) -> None:
         """Write, fsync, rename, fsync the folder; raises OSError (the caller counts it).

@@ -2,9 +2,13 @@
 SQLite file (WAL, synchronous=FULL, so a kill -9 of the writer loses nothing
 committed), keyed by service, metric, environment and deploy id. It summarises
 and compares them; time always comes in as an argument. The file's layout
-version is its `PRAGMA user_version`; opening an older file migrates it."""
+version is its `PRAGMA user_version`; opening an older file migrates it. A file
+found corrupt when the daemon opens it (not SQLite, failing `PRAGMA quick_check`,
+or not holding the layout) is moved aside, never deleted, and a fresh store
+starts; a store that is merely locked is not corrupt."""
 from __future__ import annotations
 
+import logging
 import math
 import sqlite3
 import threading
@@ -13,6 +17,9 @@ from typing import Iterable, NamedTuple
 
 import numpy as np
 
+from daemon.control.actuators.safe_files import set_aside
+
+log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 # MIGRATIONS[v] brings a file at version v - 1 to version v (a file from before
 # versions were kept reads 0 and already has version 1's layout).
@@ -25,6 +32,21 @@ CREATE TABLE IF NOT EXISTS points (
     series_id INTEGER NOT NULL REFERENCES series(id), t REAL NOT NULL, value REAL NOT NULL,
     PRIMARY KEY (series_id, t)) WITHOUT ROWID;
 """}
+# what every version's layout reads: a file whose tables lack these columns is not a baseline store
+LAYOUT = {"series": "SELECT id, service, metric, environment, deploy_id FROM series LIMIT 0",
+          "points": "SELECT series_id, t, value FROM points LIMIT 0"}
+# SQLite's answers that say the file's contents are wrong (not SQLite, damaged, another layout),
+# unlike busy, locked, full, read-only or cannot-open, which say nothing about the file
+CORRUPT_CODES = (sqlite3.SQLITE_ERROR, sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
+class CorruptStore(sqlite3.DatabaseError):
+    """PRAGMA quick_check found the file damaged."""
+
+
+def is_corrupt(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(exc, CorruptStore) or (code is not None and code & 0xff in CORRUPT_CODES)
 
 
 class UnknownBaseline(LookupError):
@@ -119,39 +141,73 @@ def _check_row(row) -> tuple:
     return service, metric, environment, deploy_id, t, value
 
 
+def _check(db: sqlite3.Connection) -> None:
+    """CorruptStore, or SQLite's own error, when the file is damaged or holds another layout; reads only."""
+    problems = " ".join(str(row[0]) for row in db.execute("PRAGMA quick_check").fetchall())
+    if problems != "ok":
+        shown = " ".join(problems.split())      # its lines run together, cut to a log line's length
+        raise CorruptStore(f"PRAGMA quick_check: {shown[:200]}{'...' if len(shown) > 200 else ''}")
+    names = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
+    for table, query in LAYOUT.items():
+        if table in names:
+            db.execute(query)
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise sqlite3.DatabaseError(f"it was written by a newer slotune (layout version {version}, this one "
+                                    f"knows up to {SCHEMA_VERSION}); upgrade slotune or use another file")
+    for v in range(version + 1, SCHEMA_VERSION + 1):
+        db.executescript(f"BEGIN IMMEDIATE; {MIGRATIONS[v]} PRAGMA user_version = {v}; COMMIT;")
+
+
 class BaselineStore:
     """One SQLite file of baseline points. Safe to share between threads; other
     processes (e.g. `slotune baseline`) may read it while the daemon writes."""
 
     def __init__(self, path: str | Path, create: bool = True, busy_timeout_s: float = 10.0):
-        self.path = Path(path)
+        """create: make the file if missing, migrate it, and move a corrupt one aside for a fresh
+        store; else open an existing store as it is (to read it)."""
+        self.path, self.busy_timeout_s = Path(path), busy_timeout_s
         if not create and not self.path.is_file():
             raise FileNotFoundError(f"baseline store {self.path} does not exist "
                                     "(the daemon creates it on its first window; check --store or the config)")
         try:
             if create:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
-                                       timeout=busy_timeout_s)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            if create:
-                self._migrate()
-            elif not self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'points'").fetchone():
-                raise sqlite3.DatabaseError("it holds no baseline points table")
+            self._db = self._open_fresh_if_corrupt() if create else self._open(create=False)
         except (OSError, sqlite3.Error) as exc:
             raise OSError(f"cannot open baseline store {self.path}: {exc} "
                           "(the folder must exist or be creatable and be writable; "
                           "set a writable path with --store or the config's baseline store path)") from exc
         self._lock = threading.Lock()
 
-    def _migrate(self) -> None:
-        version = self._db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise sqlite3.DatabaseError(f"it was written by a newer slotune (layout version {version}, this one "
-                                        f"knows up to {SCHEMA_VERSION}); upgrade slotune or use another file")
-        for v in range(version + 1, SCHEMA_VERSION + 1):
-            self._db.executescript(f"BEGIN IMMEDIATE; {MIGRATIONS[v]} PRAGMA user_version = {v}; COMMIT;")
+    def _open_fresh_if_corrupt(self) -> sqlite3.Connection:
+        try:
+            return self._open(create=True)
+        except sqlite3.DatabaseError as exc:
+            if not is_corrupt(exc):
+                raise
+            aside = set_aside(self.path, companions=("-wal", "-shm", "-journal"))
+            log.error("baseline store %s is corrupt (%s): moved aside to %s, a fresh store starts in its place",
+                      self.path, exc, aside)
+            return self._open(create=True)
+
+    def _open(self, create: bool) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=self.busy_timeout_s)
+        try:
+            if create:              # checked before anything is written to it
+                _check(db)
+                _migrate(db)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            if not create and not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'points'").fetchone():
+                raise sqlite3.DatabaseError("it holds no baseline points table")
+        except BaseException:
+            db.close()
+            raise
+        return db
 
     def close(self) -> None:
         with self._lock:

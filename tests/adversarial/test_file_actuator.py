@@ -67,14 +67,20 @@ def test_a_push_of_several_settings_is_one_rename_with_file_and_folder_fsynced(s
     result = run_push(f"""
         from daemon.control.actuators.file import FileActuator
         FileActuator({str(settings)!r}).push({{"rate_limit_rps": 90.0, "ratio": 0.75, "max_batch_size": 4.0}})
-    """, "strace", "-f", "-e", "trace=openat,fsync,rename,renameat,renameat2", "-o", str(trace))
+    """, "strace", "-f", "-e", "trace=openat,openat2,fsync,rename,renameat,renameat2", "-o", str(trace))
     assert result.returncode == 0, result.stderr
     calls = trace.read_text()
-    renames = re.findall(r"rename\w*\(.*\"([^\"]+)\"\)\s+= 0", calls)
-    assert renames == [str(settings)]
-    folder_fd = re.search(rf'openat\(AT_FDCWD, "{tmp_path}", O_RDONLY[^)]*O_DIRECTORY[^)]*\) = (\d+)', calls)
-    assert folder_fd and re.search(rf"fsync\({folder_fd.group(1)}\)\s+= 0", calls.split(folder_fd.group(0))[1])
-    assert calls.split("rename")[0].count("fsync(") >= 1       # the new file is on disk before it replaces the old
+    # the folder, opened once with no link on its path (openat2, or the walk's last step where it lacks)
+    folder = re.search(rf'openat2?\((?:AT_FDCWD, "{tmp_path}"|\d+, "{tmp_path.name}"), [^)]*O_DIRECTORY[^)]*\) = (\d+)',
+                       calls)
+    assert folder, calls
+    fd = folder.group(1)
+    after = calls.split(folder.group(0))[1]
+    temp = re.search(rf'openat\({fd}, "(\.svc\.json\.\w+)", O_WRONLY\|O_CREAT\|O_EXCL', after)
+    renames = re.findall(r"rename\w*\((.*)\)\s+= 0", after)
+    assert temp and renames == [f'{fd}, "{temp.group(1)}", {fd}, "svc.json"']   # made and renamed inside the folder
+    assert re.search(rf"fsync\({fd}\)\s+= 0", after.split("rename")[1])        # the folder after the rename
+    assert after.split("rename")[0].count("fsync(") >= 1        # the new file is on disk before it replaces the old
     assert json.loads(settings.read_text())["max_batch_size"] == 4
 
 
