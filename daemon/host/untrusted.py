@@ -40,7 +40,7 @@ def depth(raw: bytes) -> int:
     """The deepest nesting of [ and { outside strings, in linear time (the loops run in C).
     Brackets after a stray ] may be undercounted, but JSON stops reading at that ] anyway."""
     brackets = _STRINGS.sub(b"", raw).translate(None, _NOT_BRACKETS)
-    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
+    return max(accumulate(map(_STEP.__getitem__, brackets), initial=0))
 
 
 def _short(exc: BaseException) -> str:

@@ -6,14 +6,18 @@ store of record (`slotune baseline import`, and the daemon's
 `baseline_source = "prometheus"`)."""
 from __future__ import annotations
 
-import json
+import http.client
 import math
 import re
-from urllib.error import HTTPError, URLError
+import time
 from urllib.parse import urlencode
-from urllib.request import urlopen
+
+from daemon.host.http_exchange import TooLarge, exchange
+from daemon.host.untrusted import Untrusted, json_value
 
 MAX_POINTS = 10_000  # Prometheus refuses more than 11 000 points per series in one query
+MAX_ANSWER_BYTES = 8 << 20   # one chunk's answer: a full series is ~0.4 MB, so room for a range's deploys
+DETAIL_CHARS = 200           # of Prometheus' error, quoted in the message
 METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 DEPLOY_INFO = "slotune_deploy_info"   # {host, environment, deploy_id} 1, exported by each daemon
 # The store's metrics as the daemon exports them, one value per step for one service:
@@ -28,7 +32,9 @@ STORE_METRICS = {
 
 
 class PrometheusError(RuntimeError):
-    """Prometheus could not be reached or refused a query; the message names both."""
+    """Prometheus could not be reached, was too slow, refused a query or answered something
+    that is not a range query's answer; the message names both. The only error a query raises
+    for what Prometheus (or whatever answers at its URL) sends."""
 
 
 def label_value(text: str) -> str:
@@ -67,6 +73,9 @@ def history_query(metric: str, service: str, host: str, environment: str, step_s
 
 
 class PrometheusHistory:
+    """timeout_s bounds one query_range (by_deploy, import_into) whole: every chunk's exchange,
+    connecting to the last byte, ends by one deadline; each answer is read up to MAX_ANSWER_BYTES."""
+
     def __init__(self, url: str, timeout_s: float = 30.0):
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
@@ -75,42 +84,42 @@ class PrometheusHistory:
         """Each series' (labels, [(t, value)]), in chunks Prometheus accepts; NaN points left out."""
         if not (step > 0 and end >= start):
             raise ValueError(f"query range start={start} end={end} step={step}: need step > 0 and end >= start")
+        deadline = time.monotonic() + self.timeout_s
         series: dict[tuple, tuple[dict, list]] = {}
         chunk_start = start
         while chunk_start <= end:
             chunk_end = min(end, chunk_start + step * (MAX_POINTS - 1))
-            for labels, points in self._query_chunk(query, chunk_start, chunk_end, step):
+            for labels, points in self._query_chunk(query, chunk_start, chunk_end, step, deadline):
                 series.setdefault(tuple(sorted(labels.items())), (labels, []))[1].extend(points)
             chunk_start = chunk_end + step
         return list(series.values())
 
-    def _query_chunk(self, query, start, end, step) -> list[tuple[dict, list]]:
+    def _query_chunk(self, query, start, end, step, deadline: float) -> list[tuple[dict, list]]:
         url = f"{self.url}/api/v1/query_range?" + urlencode(
             {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"})
         where = f"Prometheus at {self.url}, query {query}"
+        body = _answer(*self._get(url, where, deadline), where)
         try:
-            with urlopen(url, timeout=self.timeout_s) as resp:
-                body = json.load(resp)
-        except HTTPError as exc:
-            try:
-                reason = json.load(exc).get("error", exc.reason)
-            except ValueError:
-                reason = exc.reason
-            raise PrometheusError(f"{where}: HTTP {exc.code}: {reason}") from None
-        except (URLError, OSError) as exc:
-            raise PrometheusError(f"{where}: not reachable: {getattr(exc, 'reason', exc)} "
+            return [(_labels(s["metric"]), _points(s["values"])) for s in body["data"]["result"]]
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise PrometheusError(f"{where}: not a range query answer ({type(exc).__name__}: "
+                                  f"{_printable(str(exc))}): is this URL Prometheus' query API?") from None
+
+    def _get(self, url: str, where: str, deadline: float) -> tuple[int, str, bytes]:
+        """(status, Location, body) of one GET, whole by the deadline."""
+        left = deadline - time.monotonic()
+        try:
+            if left <= 0:
+                raise TimeoutError
+            return exchange(url, timeout_s=left, max_bytes=MAX_ANSWER_BYTES)
+        except TimeoutError:
+            raise PrometheusError(f"{where}: no complete answer within {self.timeout_s:g} s") from None
+        except TooLarge:
+            raise PrometheusError(f"{where}: the answer is larger than {MAX_ANSWER_BYTES} bytes: "
+                                  "ask for a shorter range or a longer step") from None
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            raise PrometheusError(f"{where}: not reachable: {_printable(str(exc) or type(exc).__name__)} "
                                   "(check the URL and that Prometheus runs)") from None
-        except ValueError as exc:
-            raise PrometheusError(f"{where}: answer is not JSON ({exc}): is this URL Prometheus?") from None
-        if not isinstance(body, dict) or body.get("status") != "success":
-            error = body.get("error") if isinstance(body, dict) else body
-            raise PrometheusError(f"{where}: {error}: is this URL Prometheus' (or Thanos/Mimir's) query API?")
-        try:
-            return [(s["metric"], [(float(t), float(v)) for t, v in s["values"] if math.isfinite(float(v))])
-                    for s in body["data"]["result"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise PrometheusError(f"{where}: not a range query answer ({type(exc).__name__}: {exc}): "
-                                  "is this URL Prometheus' query API?") from None
 
     def by_deploy(self, query: str, start: float, end: float, step: float) -> dict[str, list[tuple[float, float]]]:
         """deploy id -> its (t, value) points in time order, for a history_query. Two series of
@@ -139,3 +148,44 @@ class PrometheusHistory:
         for deploy, points in deploys.items():
             store.record_many((service, metric, v, t, environment, deploy) for t, v in points)
         return deploys
+
+
+def _answer(status: int, location: str, answer: bytes, where: str) -> dict:
+    """A successful query's JSON answer; PrometheusError naming what came instead."""
+    if 300 <= status < 400:
+        raise PrometheusError(f"{where}: HTTP {status}, a redirect to {_printable(location)}; slotune follows "
+                              "no redirects: set prometheus_url to the address that answers")
+    try:
+        body = json_value(answer, f"{where}: the answer", MAX_ANSWER_BYTES)
+    except Untrusted as exc:
+        if status >= 400:
+            raise PrometheusError(f"{where}: HTTP {status}: {_printable(answer.decode(errors='replace'))}") from None
+        raise PrometheusError(f"{exc}: is this URL Prometheus?") from None
+    if not isinstance(body, dict) or body.get("status") != "success":
+        error = _printable(str(body.get("error") if isinstance(body, dict) else body))
+        if status >= 400:
+            raise PrometheusError(f"{where}: HTTP {status}: {error}")
+        raise PrometheusError(f"{where}: {error}: is this URL Prometheus' (or Thanos/Mimir's) query API?")
+    return body
+
+
+def _labels(labels: object) -> dict[str, str]:
+    """A series' labels: an object of strings."""
+    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+        raise TypeError("a series' metric is not an object of label -> string")
+    return labels
+
+
+def _points(values: object) -> list[tuple[float, float]]:
+    """A series' [t, "value"] pairs as (t, value), NaN and infinite values left out."""
+    if not isinstance(values, list):
+        raise TypeError("a series' values are not a list")
+    points = [(float(t), float(v)) for t, v in values]
+    if not all(math.isfinite(t) for t, _ in points):
+        raise ValueError("a point's time is not a finite number")
+    return [(t, v) for t, v in points if math.isfinite(v)]
+
+
+def _printable(text: str) -> str:
+    """What Prometheus sent, fit for one log line."""
+    return " ".join(text.split())[:DETAIL_CHARS]

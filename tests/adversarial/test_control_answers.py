@@ -44,8 +44,11 @@ def refused(server, call="current", **kwargs) -> ActuatorError:
     (b'{"settings": {"rate": -Infinity}}', "settings", "'rate' is not a finite number"),
     (b'{"settings": {"rate": 1e400}}', "settings", "'rate' is not a finite number"),
     (b"<html>busy</html>", "settings", "not JSON"),
+    (b"[" * 100_000, "", "nested deeper than 64 levels"),
+    (b'{"settings": ' * 50_000, "settings", "nested deeper than 64 levels"),
 ], ids=["a-list", "true", "true-for-a-settings-object", "settings-a-list", "settings-true", "no-settings-member",
-        "a-400-digit-integer", "a-10000-digit-integer", "NaN", "minus-Infinity", "1e400", "html"])
+        "a-400-digit-integer", "a-10000-digit-integer", "NaN", "minus-Infinity", "1e400", "html",
+        "100000-brackets", "50000-open-objects"])
 def test_an_answer_that_is_not_an_object_of_finite_numbers_is_refused(serve, body, key, words):
     err = refused(serve(reply(200, body)), key=key)
     assert words in str(err) and not err.unreachable

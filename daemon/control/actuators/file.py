@@ -15,6 +15,7 @@ from typing import Callable
 from daemon.config import signal_number
 from daemon.control.actuators import ActuatorError, numeric_settings, plain
 from daemon.control.actuators.safe_files import read_regular, replace_file
+from daemon.host.untrusted import Untrusted, json_value
 
 SETTINGS_MAX_BYTES = 1 << 20
 PID_FILE_MAX_BYTES = 64
@@ -35,9 +36,9 @@ class FileActuator:
         except FileNotFoundError:
             return {}, None
         try:
-            settings = json.loads(data)
-        except ValueError as exc:
-            raise ActuatorError(f"settings file {self.path} is not JSON ({exc})", unreachable=False) from None
+            settings = json_value(data, f"settings file {self.path}", SETTINGS_MAX_BYTES)
+        except Untrusted as exc:
+            raise ActuatorError(str(exc), unreachable=False) from None
         numeric_settings(settings, f"settings file {self.path}")
         return settings, st
 
@@ -60,8 +61,9 @@ class FileActuator:
                 os.close(pidfd)
 
     def _write(self, settings: dict, st: os.stat_result | None) -> None:
-        replace_file(str(self.path), (json.dumps(settings, indent=2, ensure_ascii=False) + "\n").encode(), st,
-                     "settings file")
+        """A string the file had as an escaped lone surrogate ("\\ud800", not UTF-8) goes back as that escape."""
+        text = json.dumps(settings, indent=2, ensure_ascii=False) + "\n"
+        replace_file(str(self.path), text.encode(errors="backslashreplace"), st, "settings file")
 
     def _service_process(self) -> int:
         """A pidfd on the process the pid file names, once it is known to be one of the service's own."""

@@ -53,7 +53,7 @@ class HaproxyActuator:
         self.address, self.targets, self.timeout_s = address, dict(targets), timeout_s
 
     def command(self, line: str) -> str:
-        """HAProxy's whole answer to one command line."""
+        """HAProxy's whole answer to one command line, connecting to last byte within timeout_s."""
         family, where = (socket.AF_UNIX, self.address) if self.address.startswith("/") else \
             (socket.AF_INET6 if self.address.startswith("[") else socket.AF_INET, _host_port(self.address))
         deadline = time.monotonic() + self.timeout_s
@@ -61,15 +61,14 @@ class HaproxyActuator:
             with socket.socket(family, socket.SOCK_STREAM) as s:
                 s.settimeout(self.timeout_s)
                 s.connect(where)
-                s.sendall(line.encode() + b"\n")
+                _until(s, deadline).sendall(line.encode() + b"\n")
                 chunks, size = [], 0
-                while chunk := s.recv(65536):
+                while chunk := _until(s, deadline).recv(65536):
                     size += len(chunk)
                     if size > MAX_ANSWER_BYTES:
                         raise ActuatorError(f"HAProxy socket {self.address}: the answer to {line!r} is larger "
                                             f"than {MAX_ANSWER_BYTES} bytes", unreachable=False)
                     chunks.append(chunk)
-                    s.settimeout(max(deadline - time.monotonic(), 0.001))
         except TimeoutError:
             raise ActuatorError(f"HAProxy socket {self.address}: no complete answer to {line!r} "
                                 f"within {self.timeout_s:g} s") from None
@@ -114,7 +113,11 @@ class HaproxyActuator:
         if not lines or not lines[0].startswith("# pxname,svname,"):
             raise ActuatorError(f"HAProxy socket {self.address}: the answer to `show stat` is not its CSV "
                                 f"(it starts {answer[:60]!r})", unreachable=False)
-        rows = list(csv.reader(lines))
+        try:
+            rows = list(csv.reader(lines))
+        except csv.Error as exc:      # e.g. a field over csv's 128 KiB limit
+            raise ActuatorError(f"HAProxy socket {self.address}: the answer to `show stat` is not its CSV ({exc})",
+                                unreachable=False) from None
         header = rows[0]
         header[0] = header[0].removeprefix("# ")
         if "slim" not in header:
@@ -167,6 +170,16 @@ class HaproxyActuator:
         except ActuatorError as exc:
             return f"setting back {', '.join(done)} FAILED ({exc}): check them with `show stat`"
         return f"set back {', '.join(f'{s} = {before[s]:g}' for s in done)}"
+
+
+def _until(s: socket.socket, deadline: float) -> socket.socket:
+    """s, waiting no longer than what is left until the deadline; TimeoutError once it has passed
+    (a socket that trickles would otherwise be read past it, up to the size cap)."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    s.settimeout(left)
+    return s
 
 
 def _host_port(address: str) -> tuple[str, int]:

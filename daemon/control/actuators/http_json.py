@@ -12,6 +12,7 @@ import json
 from daemon.control.actuators import ActuatorError, numeric_settings, plain
 from daemon.control.actuators.safe_files import read_token
 from daemon.host.http_exchange import TooLarge, exchange
+from daemon.host.untrusted import Untrusted, json_value
 
 MAX_ANSWER_BYTES = 1 << 20
 DETAIL_CHARS = 200      # of an error answer, quoted in the message
@@ -34,13 +35,14 @@ class HttpJsonActuator:
 
 
 def call_json(url: str, method: str, body: object | None, token_file: str = "", timeout_s: float = 2.0):
-    """The JSON answer to one request with a JSON body (or none); an empty answer is {}."""
+    """The JSON answer to one request with a JSON body (or none); an empty answer is {}.
+    An answer that is not JSON, or nests too deep, is a refusal (ActuatorError)."""
     data = json.dumps(body).encode() if body is not None else None
     answer = call(url, method, data, token_file, timeout_s)
     try:
-        return json.loads(answer or b"{}")
-    except ValueError as exc:
-        raise ActuatorError(f"{method} {url}: the answer is not JSON ({exc})", unreachable=False) from None
+        return json_value(answer or b"{}", f"{method} {url}: the answer", MAX_ANSWER_BYTES)
+    except Untrusted as exc:
+        raise ActuatorError(str(exc), unreachable=False) from None
 
 
 def call(url: str, method: str, data: bytes | None, token_file: str = "", timeout_s: float = 2.0) -> bytes:

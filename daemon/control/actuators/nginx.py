@@ -11,6 +11,7 @@ Directives: nginx docs, ngx_http_limit_conn_module (limit_conn), ngx_http_limit_
 command line: nginx.org/en/docs/switches.html; reload: nginx.org/en/docs/control.html."""
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -34,6 +35,14 @@ def target_error(target: str) -> str | None:
     return None
 
 
+def directive_line(target: str) -> re.Pattern:
+    """The target's line in the include file: (indent and the text before the number, the number,
+    the rest to the ;). Blanks are spaces and tabs only, so the search stays linear in the file's
+    size (\\s* at a line's start would cross newlines: quadratic on a file of blank lines)."""
+    before, after = target.split("{}")
+    return re.compile(r"^([ \t]*" + re.escape(before) + ")" + NUMBER + "(" + re.escape(after) + r"[ \t]*;)", re.M)
+
+
 def from_control(control: Control) -> "NginxActuator":
     return NginxActuator(control.path, control.conf, control.targets, control.binary, control.pid_file)
 
@@ -43,8 +52,7 @@ class NginxActuator:
                  pid_file: str = "", timeout_s: float = 10.0):
         self.path, self.conf, self.binary, self.pid_file = path, conf, binary, pid_file
         self.targets, self.timeout_s = dict(targets), timeout_s
-        self.lines = {s: re.compile(r"^(\s*" + re.escape(t.split("{}")[0]) + ")" + NUMBER + "(" +
-                                    re.escape(t.split("{}")[1]) + r"\s*;)", re.M) for s, t in targets.items()}
+        self.lines = {s: directive_line(t) for s, t in targets.items()}
 
     def _read(self) -> tuple[bytes, str, os.stat_result]:
         """The include file's bytes, as text, and its status."""
@@ -67,7 +75,11 @@ class NginxActuator:
                 raise ActuatorError(f"nginx include file {self.path} has {len(found)} lines "
                                     f"`{self.targets[setting].replace('{}', 'N')};` for setting {setting}; "
                                     "it needs exactly one", unreachable=False)
-            out[setting] = float(found[0][1])
+            value = float(found[0][1])
+            if not math.isfinite(value):
+                raise ActuatorError(f"nginx include file {self.path}: setting {setting}'s number "
+                                    f"({found[0][1][:20]}...) is too large for a limit", unreachable=False)
+            out[setting] = value
         return out
 
     def current(self) -> dict[str, float]:
