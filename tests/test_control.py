@@ -71,6 +71,21 @@ def test_dry_run_decides_and_audits_but_never_writes(tmp_path):
     assert pushed(path) == 100.0
 
 
+def test_a_tuner_decides_at_its_interval_on_ticks_that_jitter(tmp_path):
+    # Ticks of 1 s that come a few ms late or early: a tuner of 2 s decides every 2 s, not 3.
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"rate_limit_rps": 100.0}))
+    conf = replace(service_conf(path, max_step=1000.0), tuners=(TunerConf("throttle", "whitepaper", 2.0),))
+    control = ControlLoop(Config(path="test", services=(conf,)), {"api": FileActuator(str(path))},
+                          AuditLog(None), False)
+    history, decided = [], []
+    for t in (1.02, 2.0, 3.03, 4.01, 5.02, 6.0, 7.04, 8.02, 9.0, 10.03):
+        history.append(window(t, 0.5))
+        if control.tick(Interval.at(t, {"api": history})):
+            decided.append(t)
+    assert decided == [1.02, 3.03, 5.02, 7.04, 9.0]
+
+
 def test_at_most_one_change_per_setting_per_interval(tmp_path):
     control, path, _ = loop(tmp_path)
     control.tick(Interval.at(1.0, {"api": [window(1.0, 0.5)]}))

@@ -72,6 +72,7 @@ class ControlLoop:
         self.audit, self.dry_run = audit, dry_run
         self.baseline_for = baseline_for   # (service, since, until) -> tuners.drift.Baseline | None
         self.bulkheads = bulkheads or Bulkheads()
+        self.slack_s = cfg.collect_interval_s / 2   # a tick's jitter: what is due within it is due now
         # before_push(): the pending judgement is saved and the watchdog told; after_push() once it is over
         self.before_push, self.after_push = before_push, after_push
         guards = guards or {}
@@ -108,6 +109,7 @@ class ControlLoop:
             self.services[s.name] = replace(old[s.name], conf=s, actuator=actuators.get(s.admission_by or s.name),
                                             stopped=set(), states=states)
         self.bulkheads.forget(set(self.services))
+        self.slack_s = cfg.collect_interval_s / 2
         return entries
 
     def _put_back_pending(self, sc: ServiceControl, now: float, why: str) -> list[Entry]:
@@ -133,8 +135,8 @@ class ControlLoop:
     def _tick(self, sc: ServiceControl, interval: Interval) -> list[Entry]:
         now, entries, name = interval.end, [], sc.conf.name
         due = [t for t in sc.conf.tuners if t.name not in sc.stopped
-               and now - sc.last_decision.get(t.name, -math.inf) >= t.interval_s]
-        judging = any(now - p.t >= p.interval_s for p in sc.guard.pending) or sc.guard.rollbacks_owed
+               and self._passed(now, sc.last_decision.get(t.name, -math.inf), t.interval_s)]
+        judging = any(self._passed(now, p.t, p.interval_s) for p in sc.guard.pending) or sc.guard.rollbacks_owed
         if not (due or judging):
             return []
         if sc.actuator is not None and not self._refresh(sc, now):
@@ -149,6 +151,12 @@ class ControlLoop:
             if recent.windows:
                 entries += self._decide(sc, tconf, interval, recent)
         return entries
+
+    def _passed(self, now: float, since: float, interval_s: float) -> bool:
+        """Whether interval_s has passed since `since`, give or take half a tick (at most a quarter
+        of interval_s): ticks come a little late or early, and a tuner of 2 s on ticks of 1 s would
+        otherwise decide every 3 s."""
+        return now - since >= interval_s - min(self.slack_s, interval_s / 4)
 
     def _refresh(self, sc: ServiceControl, now: float, fresh: bool = False) -> bool:
         """Read the live settings (unless read less than REFRESH_S ago and not `fresh`);
@@ -248,7 +256,7 @@ class ControlLoop:
                     continue
                 if now < sc.guard.held_until.get(setting, -math.inf):
                     stop, why = stop or Outcome.HELD, why or "rolled back recently"
-                elif now - sc.guard.last_change.get(setting, -math.inf) < tconf.interval_s:
+                elif not self._passed(now, sc.guard.last_change.get(setting, -math.inf), tconf.interval_s):
                     stop, why = stop or Outcome.HELD, why or "changed this interval"
             note = "" if new == wanted else f" (tuner wanted {wanted:g})"
             planned.append(Entry(now, sc.conf.name, tconf.name, setting, old, new, reason + note, Outcome.PUSHED))
@@ -315,7 +323,7 @@ class ControlLoop:
         a rollback that does not land is retried (with the back-off) until it does. A change
         after which nothing was answered yet waits for an interval that has requests."""
         now, entries = interval.end, []
-        for p in [p for p in sc.guard.pending if p.rollback or now - p.t >= p.interval_s]:
+        for p in [p for p in sc.guard.pending if p.rollback or self._passed(now, p.t, p.interval_s)]:
             if not p.rollback:
                 after = interval.starting(sc.conf.name, p.t)
                 p99, load = after.p99, after.offered_rps
