@@ -5,6 +5,7 @@ import logging
 import sys
 
 from daemon import config
+from daemon.host.untrusted import InertFormatter
 
 NAME = "run"
 HELP = "run the daemon: collect, attribute, tune and export until SIGTERM (SIGHUP reloads the config)"
@@ -23,8 +24,9 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(InertFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     try:
         cfg = config.load(args.config)
     except config.ConfigError as exc:

@@ -4,12 +4,12 @@ settings, what moved TTFT and TPOT, last decisions), refreshed in place in a ter
 Text in it that services wrote (error details, causes) is shown, never obeyed."""
 from __future__ import annotations
 
-import json
 import sys
 import time
 import urllib.request
 
 from daemon.control.audit import shown
+from daemon.host import untrusted
 
 NAME = "status"
 HELP = "show the running daemon's live per-service table (P99 vs SLO, top cause, settings, decisions)"
@@ -25,9 +25,17 @@ def add_arguments(parser) -> None:
     parser.add_argument("--every", type=float, default=2.0, help="refresh period in seconds")
 
 
+MAX_STATUS_BYTES = 8 << 20      # a daemon's /status is ~1 kB a service
+
+
 def fetch(url: str) -> dict:
+    """The daemon's /status; Untrusted when what answers there is not one (whatever holds the port)."""
     with urllib.request.urlopen(url.rstrip("/") + "/status", timeout=3) as resp:
-        return json.loads(resp.read())
+        status = untrusted.json_value(resp.read(MAX_STATUS_BYTES + 1), f"{url}/status", MAX_STATUS_BYTES)
+    if not (isinstance(status, dict) and isinstance(status.get("services"), dict)
+            and isinstance(status.get("decisions"), list)):
+        raise untrusted.Untrusted(f"{url}/status is not a slotune daemon's status")
+    return status
 
 
 def _ms(v) -> str:
@@ -61,7 +69,7 @@ def inert(value):
     (ESC, CSI, OSC, BEL, the other C0 and C1 controls, line separators, bidi overrides) shown
     as their escapes (\\x1b): a service's error body reaches it through decisions' details."""
     if isinstance(value, str):
-        return "".join(c if c.isprintable() else repr(c)[1:-1] for c in value)
+        return untrusted.inert(value)
     if isinstance(value, dict):
         return {inert(k): inert(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -111,6 +119,10 @@ def run(args) -> int:
             table = render(fetch(args.url))
         except OSError as exc:
             print(f"slotune status: no daemon answers at {args.url} ({exc}); is `slotune run` up?", file=sys.stderr)
+            return 1
+        except (untrusted.Untrusted, KeyError, TypeError, AttributeError) as exc:
+            print(f"slotune status: {untrusted.inert(str(exc))[:200]}: is that the daemon's exporter_address?",
+                  file=sys.stderr)
             return 1
         if args.once or not sys.stdout.isatty():
             print(table)

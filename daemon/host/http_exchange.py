@@ -65,6 +65,8 @@ def _exchange(conn, place: Place, method: str, target: str, body, headers, max_b
             if size > max_bytes:
                 raise TooLarge(f"over {max_bytes} bytes")
             chunks.append(chunk)
+        if answer.length:      # the server closed before Content-Length's bytes came: not an answer
+            raise http.client.IncompleteRead(b"".join(chunks), answer.length)
         kept = method == "GET" and not answer.will_close and (answer.length == 0 or answer.isclosed())
         answer.close()       # read whole: the connection may carry the next request
         return answer.status, answer.getheader("Location", ""), b"".join(chunks)

@@ -1,9 +1,12 @@
 """What a watched service sends is hostile until read: JSON within a size cap and
 a nesting depth, one exception type out (Untrusted, a ValueError), whatever the
-input; callers turn it into their own error (an ActuatorError, a failed scrape)."""
+input; callers turn it into their own error (an ActuatorError, a failed scrape).
+And its text is inert where a person reads it: in the log (InertFormatter) and
+in `slotune status`, every character a terminal would act on shows as its escape."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 from itertools import accumulate
 
@@ -45,3 +48,19 @@ def depth(raw: bytes) -> int:
 
 def _short(exc: BaseException) -> str:
     return (str(exc) or type(exc).__name__)[:120]
+
+
+def inert(text: str) -> str:
+    """text with each character a terminal or a log reader would act on or hide (ESC, CSI,
+    BEL, newlines and the other C0 and C1 controls, line separators, bidi overrides) shown
+    as its escape (\\x1b): one line, as written, whatever a service put in it."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+class InertFormatter(logging.Formatter):
+    """Log lines whose message is inert: a service's error body, quoted in a message, can
+    neither forge a line of its own nor send escapes to whoever reads the journal.
+    Tracebacks keep their lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return inert(super().formatMessage(record))

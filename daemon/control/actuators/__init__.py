@@ -102,7 +102,7 @@ def numeric_settings(settings: object, where: str) -> dict[str, float]:
         except OverflowError:       # an integer too large for a float
             number = math.inf
         if not math.isfinite(number):
-            raise ActuatorError(f"{where}: setting {key!r} is not a finite number", unreachable=False)
+            raise ActuatorError(f"{where}: setting {key[:80]!r} is not a finite number", unreachable=False)
         out[key] = number
     return out
 
