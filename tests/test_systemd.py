@@ -258,27 +258,80 @@ def allowed_syscalls(names: list[str]) -> set[str]:
     return allowed
 
 
-# What ProtectKernelTunables=yes does to the file system (systemd's namespace.c): /proc/kallsyms
-# and /proc/kcore inaccessible, /sys and every mount under it (tracefs, /sys/fs/bpf) read-only.
-KERNEL_TUNABLES_VIEW = """set -e
+def unit_syscalls() -> set[str]:
+    """The system calls the unit's SystemCallFilter= lines allow: each line adds its list,
+    or, written ~list, takes it away (systemd reads them in order)."""
+    allowed = set()
+    for line in UNIT.read_text().splitlines():
+        if line.startswith("SystemCallFilter="):
+            value = line.split("=", 1)[1]
+            if value.startswith("~"):
+                allowed -= allowed_syscalls(value[1:].split())
+            else:
+                allowed |= allowed_syscalls(value.split())
+    return allowed
+
+
+def unit_filter(trace) -> list[str]:
+    """A command prefix: what follows runs under the unit's SystemCallFilter= (a call outside it
+    fails with SystemCallErrorNumber=EPERM, injected by strace), its calls counted into trace."""
+    assert unit_section("Service").get("SystemCallErrorNumber") == "EPERM"
+    allowed = ",".join("?" + name for name in sorted(unit_syscalls()))   # ?: a name strace lacks is no error
+    return ["strace", "-f", "-qq", "-c", "-o", str(trace), "-e", f"inject=!{allowed}:error=EPERM"]
+
+
+def syscalls_made(trace) -> set[str]:
+    """The system calls in strace -c's table."""
+    return {line.split()[-1] for line in open(trace).read().splitlines() if re.match(r"\s*\d", line)} - {"total"}
+
+
+# What the unit does to the file system (systemd's namespace.c). ProtectSystem=strict: every mount
+# read-only but /dev and /proc; ReadWritePaths= (the first argument, space-separated) each bound onto
+# itself and left writable. ProtectKernelTunables=: /proc/kallsyms inaccessible, /sys and every mount
+# under it (tracefs, /sys/fs/bpf) read-only. Not PrivateTmp= or ProtectHome=: a test's files are in /tmp.
+UNIT_VIEW = """set -e
 mount --make-rprivate /
+writable=$1; shift
+for p in $writable; do mount --bind "$p" "$p"; done
+for m in $(awk '{print $2}' /proc/self/mounts | sort -u); do
+  case "$m" in /proc|/proc/*|/dev|/dev/*) continue;; esac
+  case " $writable " in *" $m "*) continue;; esac
+  mount -o remount,bind,ro "$m"
+done
 mount --bind /dev/null /proc/kallsyms
-for m in $(awk '$2 ~ "^/sys(/|$)" {print $2}' /proc/self/mounts); do mount -o remount,bind,ro "$m"; done
 exec "$@"
 """
 
 
-def test_probes_attach_with_only_the_units_capabilities_and_syscalls(root_only, tmp_path):
-    """Run the BPF probe kinds the daemon uses (tracepoint, uprobe) and read another process's
-    /proc/<pid>/maps with exactly the unit's capability set, in the file system view of
-    ProtectKernelTunables=, under strace, and check every syscall made is in its filter."""
-    assert unit_values("AmbientCapabilities") == unit_values("CapabilityBoundingSet")
-    if not shutil.which("strace"):
-        pytest.fail("strace missing: apt-get install strace (it lists the syscalls the probes make)")
+def unit_view(*writable_too) -> list[str]:
+    """A command prefix: what follows runs in the unit's file system view, with the unit's
+    ReadWritePaths= that exist here (StateDirectory= makes its own) writable, and writable_too
+    (a drop-in's ReadWritePaths=, the folder strace writes to)."""
+    writable = [p for p in unit_values("ReadWritePaths") if os.path.isdir(p)] + [str(p) for p in writable_too]
+    return ["unshare", "--mount", "sh", "-c", UNIT_VIEW, "sh", " ".join(writable)]
+
+
+def unit_privileges(without: str = "") -> list[str]:
+    """A command prefix: what follows runs as the unit runs it, root with only the unit's
+    CapabilityBoundingSet= (less `without`, a CAP_ name) and NoNewPrivileges=. Capabilities this
+    machine withholds from the tests are left out (this VM withholds CAP_SYS_RESOURCE)."""
+    assert unit_section("Service").get("NoNewPrivileges") == "yes"
     bounding = int(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("CapBnd:")), 16)
     names = subprocess.run(["setpriv", "--list-caps"], capture_output=True, text=True).stdout.split()  # by number
-    here = {name for bit, name in enumerate(names) if bounding >> bit & 1}  # this VM withholds CAP_SYS_RESOURCE
-    caps = ",".join("+" + c[4:].lower() for c in unit_values("CapabilityBoundingSet") if c[4:].lower() in here)
+    here = {name for bit, name in enumerate(names) if bounding >> bit & 1}
+    caps = ",".join("+" + c[4:].lower() for c in unit_values("CapabilityBoundingSet")
+                    if c[4:].lower() in here and c != without)
+    return ["setpriv", f"--bounding-set=-all,{caps}", "--no-new-privs"]
+
+
+def test_probes_attach_with_only_the_units_capabilities_and_syscalls(root_only, tmp_path):
+    """Run the BPF probe kinds the daemon uses (tracepoint, uprobe) and read another process's
+    /proc/<pid>/maps with exactly the unit's capability set, in the unit's file system view and
+    under its system call filter, and check every syscall made is in that filter."""
+    assert "User" not in unit_section("Service") and not unit_values("AmbientCapabilities"), \
+        "root gets its bounding set whole; ambient capabilities are for a User= (and add to the exposure)"
+    if not shutil.which("strace"):
+        pytest.fail("strace missing: apt-get install strace (it lists the syscalls the probes make)")
     trace = tmp_path / "syscalls"
     probe = ("from daemon.host import kernel_features as kf\n"
              "for check in (kf.check_bcc_tracepoint, kf.check_uprobe):\n"
@@ -290,15 +343,13 @@ def test_probes_attach_with_only_the_units_capabilities_and_syscalls(root_only, 
     other = subprocess.Popen(["sleep", "120"], user=65534, group=65534, extra_groups=[])   # nobody
     try:
         result = subprocess.run(
-            ["unshare", "--mount", "sh", "-c", KERNEL_TUNABLES_VIEW, "sh",
-             "strace", "-f", "-qq", "-c", "-o", str(trace),
-             "setpriv", f"--bounding-set=-all,{caps}", f"--inh-caps=-all,{caps}", f"--ambient-caps=-all,{caps}",
+            [*unit_view(tmp_path), *unit_filter(trace), *unit_privileges(),
              sys.executable, "-c", probe, str(other.pid)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     finally:
         other.kill()
         other.wait()
     assert result.returncode == 0, result.stderr
     assert [line.split()[0] for line in result.stdout.splitlines()] == ["True"] * 3, result.stdout
-    used = {line.split()[-1] for line in trace.read_text().splitlines() if re.match(r"\s*\d", line)} - {"total"}
+    used = syscalls_made(trace)
     assert used, trace.read_text()
-    assert used - allowed_syscalls(unit_values("SystemCallFilter")) == set()
+    assert used - unit_syscalls() == set()

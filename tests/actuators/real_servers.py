@@ -4,7 +4,9 @@ the end-to-end tests push limits into."""
 from __future__ import annotations
 
 import contextlib
+import grp
 import os
+import pwd
 import signal
 import socket
 import subprocess
@@ -165,23 +167,51 @@ class Nginx:
         return [int(s) for s in self.access_log.read_text().split()]
 
 
+def _free_privileged_port() -> int:
+    """A free loopback port below 1024 (Linux's ip_unprivileged_port_start), as Debian's nginx listens on 80."""
+    for port in range(1023, 511, -1):
+        with socket.socket() as s:
+            with contextlib.suppress(OSError):
+                s.bind(("127.0.0.1", port))
+                return port
+    raise RuntimeError("no free loopback port below 1024")
+
+
+def _debian_logs(logs: Path) -> None:
+    """nginx's logs as Debian ships them: a root:adm 0755 folder, the files www-data:adm 0640."""
+    logs.mkdir(exist_ok=True)
+    os.chown(logs, 0, grp.getgrnam("adm").gr_gid)
+    for name in ("access.log", "error.log"):
+        (logs / name).touch()
+        os.chown(logs / name, pwd.getpwnam("www-data").pw_uid, grp.getgrnam("adm").gr_gid)
+        (logs / name).chmod(0o640)
+
+
 @contextlib.contextmanager
-def nginx(folder: Path, include_text: str, *, delay_s: float = 0.2):
+def nginx(folder: Path, include_text: str, *, delay_s: float = 0.2, debian: bool = False):
     """nginx (with Debian's echo module) on a free port: location /slow answers after `delay_s`
     (echo_sleep), /nginx_status is stub_status; `include` is included at server level, so
     its limit_conn applies there. Its workers run as nobody when started by root; everything
-    else is in folder."""
+    else is in folder. debian (root only): its files apart as Debian's package has them, each
+    in a folder of its own under folder: the include in conf.d/, the logs in log/ (www-data:adm
+    0640), the pid file in run/; and a second listen on a free port below 1024, like Debian's 80."""
     folder.mkdir(parents=True, exist_ok=True)
     port, = _free_ports(1)
-    include, conf, access = folder / "slotune-limits.conf", folder / "nginx.conf", folder / "access.log"
+    conf_d, logs, run = (folder / "conf.d", folder / "log", folder / "run") if debian else (folder,) * 3
+    if debian:
+        conf_d.mkdir(exist_ok=True)
+        run.mkdir(exist_ok=True)
+        _debian_logs(logs)
+    include, conf, access = conf_d / "slotune-limits.conf", folder / "nginx.conf", logs / "access.log"
     include.write_text(include_text)
     include.chmod(0o640)
     user = "user nobody nogroup;" if os.geteuid() == 0 else ""
+    privileged = f"listen 127.0.0.1:{_free_privileged_port()};" if debian else ""
     conf.write_text(f"""load_module /usr/share/nginx/modules/ngx_http_echo_module.so;
 {user}
 worker_processes 1;
-pid {folder}/nginx.pid;
-error_log {folder}/error.log;
+pid {run}/nginx.pid;
+error_log {logs}/error.log;
 events {{ worker_connections 256; }}
 http {{
     log_format status '$status';
@@ -195,6 +225,7 @@ http {{
     limit_conn_status 503;
     server {{
         listen 127.0.0.1:{port};
+        {privileged}
         include {include};
         location /slow {{ echo_sleep {delay_s}; echo done; }}
         location /nginx_status {{ stub_status; }}
@@ -202,7 +233,7 @@ http {{
 }}
 """)
     subprocess.run([NGINX, "-c", str(conf), "-p", str(folder)], check=True, capture_output=True, timeout=20)
-    pid_file = folder / "nginx.pid"
+    pid_file = run / "nginx.pid"
     try:
         deadline = time.monotonic() + 10
         while not pid_file.exists():
