@@ -12,6 +12,7 @@ import tomllib
 
 import pytest
 
+from bench.unit_sandbox import UNIT, unit_privileges, unit_section, unit_values, unit_view
 from daemon.host import sdnotify
 from reference_stack import launcher
 from tests.conftest import ROOT
@@ -138,30 +139,8 @@ slo_p99_ms = 100
     assert handler < ready, f"READY=1 was sent before SIGHUP had a handler:\n{calls[handler]}\n{calls[ready]}"
 
 
-UNIT = ROOT / "systemd" / "slotune.service"
 EXAMPLE = ROOT / "slotune.example.toml"
 MAX_EXPOSURE = 3.6  # systemd-analyze security --offline=yes (systemd 252): 3.6 OK; a change may not raise it
-
-
-def unit_values(key: str) -> list[str]:
-    """Every word given to `key=` in the unit, over all its lines."""
-    words = []
-    for line in UNIT.read_text().splitlines():
-        if line.startswith(key + "="):
-            words += line.split("=", 1)[1].split()
-    return words
-
-
-def unit_section(name: str) -> dict[str, str]:
-    """key -> value of one [section] of the unit (the last value of a repeated key)."""
-    out, current = {}, None
-    for line in UNIT.read_text().splitlines():
-        if line.startswith("["):
-            current = line.strip()[1:-1]
-        elif current == name and "=" in line and not line.startswith("#"):
-            key, value = line.split("=", 1)
-            out[key.strip()] = value.strip()
-    return out
 
 
 def size_bytes(value: str) -> int:
@@ -283,45 +262,6 @@ def unit_filter(trace) -> list[str]:
 def syscalls_made(trace) -> set[str]:
     """The system calls in strace -c's table."""
     return {line.split()[-1] for line in open(trace).read().splitlines() if re.match(r"\s*\d", line)} - {"total"}
-
-
-# What the unit does to the file system (systemd's namespace.c). ProtectSystem=strict: every mount
-# read-only but /dev and /proc; ReadWritePaths= (the first argument, space-separated) each bound onto
-# itself and left writable. ProtectKernelTunables=: /proc/kallsyms inaccessible, /sys and every mount
-# under it (tracefs, /sys/fs/bpf) read-only. Not PrivateTmp= or ProtectHome=: a test's files are in /tmp.
-UNIT_VIEW = """set -e
-mount --make-rprivate /
-writable=$1; shift
-for p in $writable; do mount --bind "$p" "$p"; done
-for m in $(awk '{print $2}' /proc/self/mounts | sort -u); do
-  case "$m" in /proc|/proc/*|/dev|/dev/*) continue;; esac
-  case " $writable " in *" $m "*) continue;; esac
-  mount -o remount,bind,ro "$m"
-done
-mount --bind /dev/null /proc/kallsyms
-exec "$@"
-"""
-
-
-def unit_view(*writable_too) -> list[str]:
-    """A command prefix: what follows runs in the unit's file system view, with the unit's
-    ReadWritePaths= that exist here (StateDirectory= makes its own) writable, and writable_too
-    (a drop-in's ReadWritePaths=, the folder strace writes to)."""
-    writable = [p for p in unit_values("ReadWritePaths") if os.path.isdir(p)] + [str(p) for p in writable_too]
-    return ["unshare", "--mount", "sh", "-c", UNIT_VIEW, "sh", " ".join(writable)]
-
-
-def unit_privileges(without: str = "") -> list[str]:
-    """A command prefix: what follows runs as the unit runs it, root with only the unit's
-    CapabilityBoundingSet= (less `without`, a CAP_ name) and NoNewPrivileges=. Capabilities this
-    machine withholds from the tests are left out (this VM withholds CAP_SYS_RESOURCE)."""
-    assert unit_section("Service").get("NoNewPrivileges") == "yes"
-    bounding = int(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("CapBnd:")), 16)
-    names = subprocess.run(["setpriv", "--list-caps"], capture_output=True, text=True).stdout.split()  # by number
-    here = {name for bit, name in enumerate(names) if bounding >> bit & 1}
-    caps = ",".join("+" + c[4:].lower() for c in unit_values("CapabilityBoundingSet")
-                    if c[4:].lower() in here and c != without)
-    return ["setpriv", f"--bounding-set=-all,{caps}", "--no-new-privs"]
 
 
 def test_probes_attach_with_only_the_units_capabilities_and_syscalls(root_only, tmp_path):

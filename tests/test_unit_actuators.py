@@ -14,7 +14,8 @@ import pytest
 from reference_stack import launcher
 from tests.actuators.real_servers import haproxy, nginx
 from tests.conftest import ROOT
-from tests.test_systemd import syscalls_made, unit_filter, unit_privileges, unit_syscalls, unit_values, unit_view
+from bench.unit_sandbox import unit_privileges, unit_values, unit_view
+from tests.test_systemd import syscalls_made, unit_filter, unit_syscalls
 
 NOBODY, NOGROUP = 65534, 65534
 TRACING_CAPABILITIES = {"CAP_BPF", "CAP_PERFMON", "CAP_SYS_ADMIN", "CAP_SYS_RESOURCE", "CAP_SYS_PTRACE"}
@@ -22,7 +23,6 @@ TRACING_CAPABILITIES = {"CAP_BPF", "CAP_PERFMON", "CAP_SYS_ADMIN", "CAP_SYS_RESO
 ACTUATOR_CAPABILITIES = {
     "CAP_DAC_OVERRIDE": {"file", "nginx"},   # write in a service's 0700 folder; open nginx's www-data 0640 logs
     "CAP_CHOWN": {"file"},                   # give the new settings file back to the service's user
-    "CAP_FOWNER": {"file"},                  # set the mode of the file once the service's user owns it
     "CAP_KILL": {"file"},                    # signal a service run by another user
     "CAP_NET_BIND_SERVICE": {"nginx"},       # `nginx -t` binds nginx's listen ports, Debian's 80 among them
 }

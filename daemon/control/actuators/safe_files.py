@@ -185,9 +185,9 @@ def _replace_in(folder: int, name: str, data: bytes, st: os.stat_result | None) 
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
     try:
         with os.fdopen(fd, "wb") as f:
-            if st is not None:
-                os.fchown(f.fileno(), st.st_uid, st.st_gid)
             os.fchmod(f.fileno(), stat.S_IMODE(st.st_mode) if st is not None else NEW_FILE_MODE)
+            if st is not None:   # the owner last: root sets the mode of its own file, needing no CAP_FOWNER
+                os.fchown(f.fileno(), st.st_uid, st.st_gid)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
