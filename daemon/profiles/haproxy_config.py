@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from daemon.control.actuators.haproxy import target_error
+from daemon.control.actuators.safe_files import open_no_links
 
 DEFAULT_FILE = "/etc/haproxy/haproxy.cfg"
 MAX_BYTES = 4 << 20
@@ -113,9 +114,10 @@ def _expand(named: str, hints: list[str]) -> list[str]:
 
 def _read(path: str, hints: list[str]) -> str | None:
     """A regular file's text, opened read only through its resolved path without following
-    a link there (a FIFO or device is not read); None with a hint if it cannot be."""
+    a link on any part of it (one swapped in since it was resolved is refused; a FIFO or device
+    is not read); None with a hint if it cannot be."""
     try:
-        fd = os.open(os.path.realpath(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = open_no_links(os.path.realpath(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         hints.append(f"{path}: {exc.strerror}: not read")
         return None
