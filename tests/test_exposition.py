@@ -58,6 +58,7 @@ PLAIN = {
 ODD = {   # each leaves the plain form: prometheus_client's parser decides
     "escaped label value": '# TYPE g gauge\ng{path="a\\"b\\\\c\\nd"} 1\n',
     "label named twice": '# TYPE g gauge\ng{a="1",a="2"} 1\n',
+    "label named twice, apart": '# TYPE g gauge\ng{a="1",b="2",c="3",b="4"} 1\n',
     "reserved label": '# TYPE g gauge\ng{__x="1"} 1\n',
     "name among the labels": '# TYPE g gauge\n{__name__="g",a="1"} 1\n',
     "quoted utf-8 name": '# TYPE "g.h" gauge\n{"g.h",a="1"} 1\n',

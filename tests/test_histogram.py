@@ -1,8 +1,10 @@
-"""The histogram arithmetic every latency signal goes through."""
+"""The histogram arithmetic every latency signal goes through, and that it never
+raises, whatever numbers a service put in its counts."""
 import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from daemon.model.histogram import EXPORT_BOUNDS_S, SLOTS, BucketHistogram, Histogram, slot_bounds, slot_of
 
@@ -89,3 +91,59 @@ def test_quantiles_stay_inside_the_filled_buckets_and_follow_the_exact_sum():
     assert spread.quantile(1.5) * 1e9 <= slot_bounds(slot_of(7e8))[1]
     no_sum = Histogram(sleeps.counts.copy())                            # a source that keeps no sum
     assert no_sum.quantile(0.5) * 1e9 == pytest.approx((low + high) / 2)
+
+
+QUIET = pytest.mark.filterwarnings("ignore::RuntimeWarning")     # numpy's word on inf - inf; it does not raise
+
+
+@QUIET
+def test_counts_that_add_up_past_a_floats_range_count_nothing():
+    # Two reads of 1.5e308 each merge to inf counts: int(round(inf)) raised OverflowError.
+    huge = BucketHistogram.from_cumulative([(0.1, 1.5e308), (math.inf, 1.5e308)], 1.0)
+    for h in (huge.plus(huge), BucketHistogram((0.1, math.inf), np.array([math.nan, 1.0]), 1.0)):
+        assert h.count == 0 and math.isnan(h.mean()) and h.fraction_above(0.05) == 0.0
+        assert all(math.isnan(q) for q in h.quantiles((0.5, 0.99)))
+        assert h.rebinned((0.2, math.inf)).count == 0
+    assert huge.count == round(1.5e308)
+
+
+ANY_NUMBER = st.floats() | st.sampled_from([1.5e308, -1.5e308, 2.0 ** 53, 5e-324, 0.0, math.inf, math.nan])
+
+
+@st.composite
+def two_bucket_histograms(draw):
+    """Two histograms of up to 5 buckets, of any numbers (the bounds sorted or not), the
+    second on the first's bounds or on its own."""
+    def one(bounds=None):
+        n = draw(st.integers(0, 5)) if bounds is None else len(bounds)
+        if bounds is None:
+            bounds = draw(st.lists(ANY_NUMBER, min_size=n, max_size=n))
+            bounds = tuple(sorted(bounds) if draw(st.booleans()) else bounds)
+        counts = np.array(draw(st.lists(ANY_NUMBER, min_size=n, max_size=n)), dtype=np.float64)
+        return BucketHistogram(bounds, counts, draw(ANY_NUMBER))
+    first = one()
+    return first, one(first.bounds_s if draw(st.booleans()) else None)
+
+
+@QUIET
+@settings(max_examples=300, deadline=1000)
+@given(two_bucket_histograms(), ANY_NUMBER)
+def test_bucket_histogram_arithmetic_never_raises(pair, x):
+    a, b = pair
+    for h in (a, a.plus(b), a.minus(b), b.rebinned(a.bounds_s), a.plus(a)):
+        assert isinstance(h.count, int)
+        assert len(h.quantiles((0.0, 0.5, 0.99, 1.0, x))) == 5
+        h.mean(), h.fraction_above(x)
+
+
+@QUIET
+@settings(max_examples=200, deadline=1000)
+@given(st.lists(st.integers(-(1 << 63), (1 << 63) - 1), max_size=SLOTS), st.integers(0, SLOTS - 1),
+       st.lists(st.integers(-(1 << 63), (1 << 63) - 1), max_size=8), ANY_NUMBER,
+       st.floats(-1e12, 1e12), st.floats(-1.0, 2.0))
+def test_slot_histogram_arithmetic_never_raises(counts, lo, other, total_ns, threshold_s, q):
+    a = Histogram(counts[:SLOTS - lo], total_ns, lo)
+    b = Histogram(other, -total_ns)
+    for h in (a, a.plus(b), a.minus(b), b.minus(a)):
+        assert isinstance(h.count, int)
+        h.quantiles((q, 0.5)), h.mean(), h.fraction_above(threshold_s), h.prometheus_buckets(EXPORT_BOUNDS_S)

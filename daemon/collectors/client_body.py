@@ -7,6 +7,7 @@ against the grammar and nothing else checked or taken apart again. Any other bod
 is judged whole by client_form() and, if it passes, gives the next shape."""
 from __future__ import annotations
 
+import math
 import operator
 import re
 from dataclasses import dataclass
@@ -27,16 +28,18 @@ Meaning = tuple[str, Key, float] | None     # ("bucket", key, le) | ("sum"|"coun
 def sample_meaning(typ: str, family: str, series: str, sample_labels: dict[str, str],
                    wanted: Callable[[str], bool]) -> Meaning:
     """What one sample of a family (as the parser names them) is to the collector;
-    ValueError for a histogram bucket without its bound."""
+    ValueError for a histogram bucket without its bound, or with one that is not a number."""
     name = series if typ == "counter" else family
     if not wanted(name):
         return None
     key = (name, labels.key(sample_labels))
     if typ == "histogram":
         if series.endswith("_bucket"):
-            if "le" not in sample_labels:
-                raise ValueError(f"histogram bucket without le: {series}{{{key[1]}}}")
-            return "bucket", key, float(sample_labels["le"])
+            le = float(sample_labels.get("le", "nan"))
+            if math.isnan(le):
+                raise ValueError(f"histogram bucket without le, or le not a number: {series}{{{key[1]}}}; "
+                                 "give each bucket its upper bound, as le=\"0.5\"")
+            return "bucket", key, le
         return ("sum", key, 0.0) if series.endswith("_sum") else None
     if typ == "counter" and not series.endswith("_created"):
         return "counter", key, 0.0

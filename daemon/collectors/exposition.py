@@ -3,11 +3,15 @@ families(): the families that parser yields; the plain lines client libraries
 write (`# HELP`, `# TYPE`, `name{k="v",...} value [timestamp]`) are read with one
 regular expression each, and the samples of a family the caller does not read
 are checked, not built. Any other line sends the whole text to prometheus_client's
-parser, so the families, and the errors, are always that parser's.
+parser, so the families, and the errors, are always that parser's; that parser takes
+time quadratic in a line's length, so it gets only text within MAX_UNUSUAL_CHARS
+and lines within MAX_UNUSUAL_LINE (a ValueError for more).
 client_form(): whether a body is exactly as client libraries write it (each family a
 TYPE line, after a HELP line of the same name if any, then only its own samples; no
 escapes, no stray whitespace), checked whole by one regular expression, for a
-reader that takes apart only the samples it reads (client_body.py)."""
+reader that takes apart only the samples it reads (client_body.py).
+A body is a service's, so hostile: every regular expression here runs in time linear
+in it, and ValueError is the one exception that comes out of reading one."""
 from __future__ import annotations
 
 import re
@@ -24,7 +28,7 @@ HEADER = re.compile(rf"#[ \t]+(HELP|TYPE)[ \t]+({NAME})(?:[ \t]+(\S.*))?")
 SAMPLE = re.compile(rf"({NAME})(?:\{{((?:{LABEL},)*(?:{LABEL})?)\}})? +({NUMBER})(?: +(-?[0-9]+))?")
 LABELS = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\]*)"')
 # client_form(): a family is not named again by the header after it (that would join the
-# two, or retype the first), nor does a label appear twice in a sample (the parser's error).
+# two, or retype the first).
 _SUFFIXES = {"counter|gauge|untyped|unknown": "", "histogram": "(?:_bucket|_count|_sum)",
              "summary": "(?:_count|_sum)?"}                  # the sample names each type allows
 CLIENT_FORM = re.compile(
@@ -34,13 +38,17 @@ CLIENT_FORM = re.compile(
         rf"(?:(?P=f{i}){suffix}(?=[{{ ])(?:\{{(?:{LABEL},)*(?:{LABEL})?\}})? +{NUMBER}(?: +-?[0-9]+)?\n)*"
         rf"(?!#[ \t]+(?:HELP|TYPE)[ \t]+(?P=f{i})[ \t\n])" for i, (types, suffix) in enumerate(_SUFFIXES.items()))
     + "))*")
-_LABEL_TWICE = re.compile(rf'\{{(?:{LABEL},)*?([a-zA-Z_][a-zA-Z0-9_]*)="[^"\\\n]*",(?:{LABEL},)*?\1="')
+_LABEL_SETS = re.compile(rf"^{NAME}\{{([^\n]*)\}}", re.M)     # of client_form's sample lines: the labels
 # A counter whose name is only the suffix: the parser's error.
 _SUFFIX_ONLY = re.compile(r"^#[ \t]+TYPE[ \t]+_total[ \t]+counter\n", re.M)
 SAMPLE_LINE = re.compile(rf"^({NAME})(?:\{{([^\n]*)\}})? +({NUMBER})", re.M)   # of client_form's lines: series, labels, value
 SERIES_OF = {"counter": ("",), "gauge": ("",), "summary": ("_count", "_sum", ""),
              "histogram": ("_count", "_sum", "_bucket")}     # a family's sample names, as the parser allows them
 BUILT = ("counter", "gauge", "histogram")                    # the types whose samples are read
+# What prometheus_client's parser is given: half a second of it at most on a slow core, less
+# than the fast reader takes over a 4 MiB body (a line of n characters costs it n * n).
+MAX_UNUSUAL_CHARS = 512 << 10
+MAX_UNUSUAL_LINE = 4 << 10
 
 
 class Family(NamedTuple):
@@ -65,18 +73,56 @@ def families(text: str, wanted: Callable[[str], bool] = lambda name: True) -> It
     """The families of an exposition, as prometheus_client's parser yields them, less
     the samples of the counters, gauges and histograms whose sample_name is not wanted,
     and of every other type (those families come with no samples, or not at all);
-    ValueError where that parser raises one, as late: after the families before it."""
+    ValueError where that parser raises one, as late: after the families before it;
+    and at once for text beyond that parser's budget (_within_the_parsers_budget)."""
     try:
         return _plain(text, wanted)
     except _Unusual:
-        return text_string_to_metric_families(text)
+        _within_the_parsers_budget(text)
+        return _parsers_families(text)
+
+
+def _parsers_families(text: str) -> Iterable:
+    """prometheus_client's families of text; a ValueError for any error of that parser's
+    (an IndexError, say, for `# TYPE \\x1c gauge`)."""
+    try:
+        yield from text_string_to_metric_families(text)
+    except ValueError:
+        raise
+    except Exception as exc:
+        raise ValueError(f"prometheus_client's parser: {type(exc).__name__}: {exc}") from None
+
+
+def _within_the_parsers_budget(text: str) -> None:
+    """ValueError for text outside the plain form that prometheus_client's parser would
+    take too long over: more than MAX_UNUSUAL_CHARS, or a line over MAX_UNUSUAL_LINE."""
+    fix = ("write the plain form client libraries write (label values without escapes, one space "
+           "between fields), which has no such limit")
+    if len(text) > MAX_UNUSUAL_CHARS:
+        raise ValueError(f"{len(text)} characters with lines outside the plain form: more than the "
+                         f"{MAX_UNUSUAL_CHARS} read of such a body; {fix}")
+    lengths = list(map(len, text.split("\n")))
+    longest = max(lengths)
+    if longest > MAX_UNUSUAL_LINE:
+        raise ValueError(f"line {lengths.index(longest) + 1}: {longest} characters in a body with lines "
+                         f"outside the plain form, more than the {MAX_UNUSUAL_LINE} read of a line; {fix}")
 
 
 def client_form(text: str) -> bool:
     """Whether a body is in the client libraries' form, which the parser reads as written
     (SAMPLE_LINE reads its sample lines)."""
-    return (text.endswith("\n") and CLIENT_FORM.fullmatch(text) is not None and not _LABEL_TWICE.search(text)
-            and not _SUFFIX_ONLY.search(text))
+    return (text.endswith("\n") and CLIENT_FORM.fullmatch(text) is not None and not _SUFFIX_ONLY.search(text)
+            and not _label_named_twice(text))
+
+
+def _label_named_twice(text: str) -> bool:
+    """Whether a sample line of a body in client form names a label twice (the parser's
+    error): a dict per line, in time linear in the body."""
+    for label_text in _LABEL_SETS.findall(text):
+        pairs = LABELS.findall(label_text)
+        if len(dict(pairs)) != len(pairs):
+            return True
+    return False
 
 
 def family_name(name: str, typ: str) -> str:

@@ -4,7 +4,7 @@ BucketHistogram, every counter a delta and every gauge a last value, keyed
 (family, "label=value,..."; a counter by its _total name), for the families the
 service's profile reads only (daemon/profiles), handed on as the profile's signals.
 A service's answer is untrusted: a bad one costs that service its sample, never
-another's."""
+another's. Reading one raises ValueError and nothing else, whatever it holds."""
 from __future__ import annotations
 
 import functools
@@ -29,6 +29,13 @@ MAX_BODY_BYTES = 4 << 20
 MAX_SERIES = 2000          # kept per service, counted as Prometheus does: one per histogram bucket
 NAMES_REMEMBERED = 4096    # per service, whether a family name is one it reads
 SCRAPERS = 16              # services read at once
+# A histogram's cumulative bucket count is at most MAX_COUNT: past 2**53 a float no longer
+# holds every whole number, so a delta between two reads is no count (a service answering a
+# million requests a second takes 285 years to get there). Any other number read (a sum, a
+# counter, a gauge) is at most MAX_VALUE in size: past any real total in any unit, and a
+# billion of them added up stay finite, so no arithmetic on them overflows.
+MAX_COUNT = 2 ** 53
+MAX_VALUE = 1e100
 # stub_status's lines -> the names nginx-prometheus-exporter gives them
 STUB_STATUS = (
     (r"Active connections:\s*(\d+)", (("nginx_connections_active", "gauge"),)),
@@ -45,8 +52,9 @@ Parsed = tuple[dict[Key, BucketHistogram], dict[Key, float], dict[Key, float]]
 
 def parse(text: str, wanted: Callable[[str], bool] = lambda name: True, known: Known | None = None) -> Parsed:
     """Cumulative histograms, counters (monotonic totals) and gauges of the wanted
-    families from exposition text; ValueError for one that is malformed. Values that
-    are not finite are left out (a NaN gauge is valid, and useless). `known` (kept by
+    families from exposition text; ValueError for text that is malformed, or a histogram
+    no service could count (_histogram). Counters and gauges that are not finite, or larger
+    than MAX_VALUE, are left out (a NaN gauge is valid, and useless). `known` (kept by
     the caller from one scrape to the next, for one service and one `wanted`) remembers
     the last body in the client libraries' form (client_body.py)."""
     known = Known() if known is None else known
@@ -65,35 +73,54 @@ def parse(text: str, wanted: Callable[[str], bool] = lambda name: True, known: K
         if meaning is None:
             continue
         kind, key, le = meaning
+        value = _real(value)
         if kind == "bucket":
             buckets.setdefault(key, []).append((le, value))
         elif kind == "sum":
             sums[key] = value
-        elif not math.isfinite(value):
+        elif not -MAX_VALUE <= value <= MAX_VALUE:
             continue
         elif kind == "counter":
             counters[key] = value     # by its _total name, which the parser gives even to Triton's
         else:
             gauges[key] = value
-    hists = {}
-    for key, pairs in buckets.items():
-        h = BucketHistogram.from_cumulative(pairs, sums.get(key, 0.0))
-        if not (0 <= h.counts.min() and h.counts.max() < math.inf and math.isfinite(h.total_s)):
-            raise ValueError(f"histogram {key[0]}{{{key[1]}}}: cumulative bucket counts must be finite "
-                             "and never go down")
-        hists[key] = h
+    hists = {key: _histogram(key, pairs, sums.get(key, 0.0)) for key, pairs in buckets.items()}
     return hists, counters, gauges
 
 
+def _real(value: int | float) -> float:
+    """A sample's value as a float: infinite for an integer past a float's range."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
+def _histogram(key: Key, pairs: list[tuple[float, float]], total: float) -> BucketHistogram:
+    """The histogram of (le, cumulative count) pairs and its sum; ValueError for one no
+    service could count: a cumulative count below 0, above MAX_COUNT or going down as le
+    grows, or a sum below 0 or above MAX_VALUE."""
+    within = all(0 <= count <= MAX_COUNT for _, count in pairs) and 0 <= total <= MAX_VALUE
+    h = BucketHistogram.from_cumulative(pairs, total) if within else None
+    if h is None or h.counts.min() < 0:
+        raise ValueError(f"histogram {key[0]}{{{key[1]}}}: its cumulative bucket counts must be numbers from 0 "
+                         f"to {MAX_COUNT} that never go down as le grows, and its sum a number from 0 to "
+                         f"{MAX_VALUE:g}; read {len(pairs)} buckets, the first (le, count) {sorted(pairs)[:3]}, "
+                         f"sum {total}"[:400])
+    return h
+
+
 def parse_stub_status(text: str) -> Parsed:
-    """nginx's stub_status page as counters and gauges; ValueError when it is not one."""
+    """nginx's stub_status page as counters and gauges (those larger than MAX_VALUE left
+    out); ValueError when it is not one."""
     counters, gauges = {}, {}
     for pattern, names in STUB_STATUS:
         m = re.search(pattern, text)
         if m is None:
             raise ValueError(f"not a stub_status page: no line matching {pattern!r}")
-        for (name, kind), value in zip(names, m.groups()):
-            (counters if kind == "counter" else gauges)[(name, "")] = float(value)
+        for (name, kind), value in zip(names, map(float, m.groups())):
+            if value <= MAX_VALUE:
+                (counters if kind == "counter" else gauges)[(name, "")] = value
     return {}, counters, gauges
 
 

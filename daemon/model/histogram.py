@@ -1,8 +1,11 @@
 """Latency histograms as the BPF programs keep them: log2 buckets split into
 SUB linear sub-buckets (about 9 % wide), in nanoseconds. Pure arithmetic:
-quantiles, deltas between two reads, and the coarse bounds Prometheus gets."""
+quantiles, deltas between two reads, and the coarse bounds Prometheus gets.
+The arithmetic never raises, whatever the counts: a service's histogram whose
+counts add up to no finite number counts nothing."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -190,7 +193,8 @@ EXPORT_BOUNDS_S = tuple((1 << k) / 1e9 for k in range(10, 36))
 class BucketHistogram:
     """A Prometheus histogram as a service exports it: upper bounds in seconds
     (+Inf last) and per-bucket (not cumulative) counts. Quantiles interpolate
-    linearly inside a bucket, as PromQL's histogram_quantile does."""
+    linearly inside a bucket, as PromQL's histogram_quantile does. Counts that add
+    up to no finite number (infinite, NaN) count nothing: no quantile, no mean."""
     bounds_s: tuple[float, ...]
     counts: np.ndarray
     total_s: float = 0.0
@@ -202,7 +206,12 @@ class BucketHistogram:
 
     @property
     def count(self) -> int:
-        return int(round(self.counts.sum()))
+        return round(self._observations())
+
+    def _observations(self) -> float:
+        """The counts' sum; 0 where it is not a finite number."""
+        n = float(self.counts.sum())
+        return n if math.isfinite(n) else 0.0
 
     def minus(self, earlier: "BucketHistogram") -> "BucketHistogram":
         if earlier.bounds_s != self.bounds_s or (self.counts < earlier.counts).any():
@@ -219,7 +228,7 @@ class BucketHistogram:
     def rebinned(self, bounds_s: tuple[float, ...]) -> "BucketHistogram":
         """The same observations counted in other buckets: linear inside each of ours, all
         of the +Inf bucket above the highest finite bound."""
-        n = self.counts.sum()
+        n = self._observations()
         below = [n * (1.0 - self.fraction_above(b)) if not np.isinf(b) else n for b in bounds_s]
         return BucketHistogram(tuple(bounds_s), np.diff(np.array(below, dtype=np.float64), prepend=0.0),
                                self.total_s)
@@ -229,7 +238,7 @@ class BucketHistogram:
 
     def quantiles(self, qs: tuple[float, ...]) -> list[float]:
         """quantile() of each q, the buckets summed once for all."""
-        n = self.counts.sum()
+        n = self._observations()
         if n <= 0:
             return [float("nan")] * len(qs)
         cumulative = np.cumsum(self.counts)
@@ -246,12 +255,12 @@ class BucketHistogram:
         return low + (self.bounds_s[i] - low) * min(max(frac, 0.0), 1.0)
 
     def mean(self) -> float:
-        n = self.counts.sum()
+        n = self._observations()
         return self.total_s / n if n else float("nan")
 
     def fraction_above(self, threshold_s: float) -> float:
         """Share of observations slower than threshold (interpolated inside the bucket)."""
-        n = self.counts.sum()
+        n = self._observations()
         if n <= 0:
             return 0.0
         below, low = 0.0, 0.0

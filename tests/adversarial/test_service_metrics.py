@@ -1,8 +1,9 @@
 """A service's own /metrics as untrusted input: real HTTP servers on loopback
 that answer with a bucket without `le`, bytes that are not UTF-8, text that does
-not parse, decreasing buckets, a broken chunked body, 10 MB, a trickle, or
-50 000 series, each beside a healthy service whose samples must still arrive
-with the right deltas; and only the families slotune reads are kept."""
+not parse, decreasing buckets, counts of 1.5e308 or 400 digits, 12 000 labels on
+a line, a broken chunked body, 10 MB, a trickle, or 50 000 series, each beside a
+healthy service whose samples must still arrive with the right deltas; and only
+the families slotune reads are kept."""
 import ast
 import logging
 import re
@@ -10,7 +11,7 @@ import time
 
 import pytest
 
-from daemon.collectors.service_metrics import MAX_SERIES, ServiceMetricsCollector
+from daemon.collectors.service_metrics import MAX_SERIES, ServiceMetricsCollector, parse_stub_status
 from daemon.profiles import reference
 from daemon.model.service import ServiceSpec
 from tests.conftest import ROOT
@@ -67,6 +68,14 @@ def chunked_with_a_bad_size(conn, _request, _stopped):
     conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\napi_inflight_requests 1\r\n0\r\n\r\n")
 
 
+# Each bucket passed a check of its own; two reads merged gave inf, and int(round(inf)) raised.
+HUGE_COUNTS = b"""# TYPE api_request_duration_seconds histogram
+api_request_duration_seconds_bucket{outcome="ok",le="0.1"} 1.5e308
+api_request_duration_seconds_bucket{outcome="ok",le="+Inf"} 1.5e308
+api_request_duration_seconds_sum{outcome="ok"} 1
+"""
+LABELS_12000 = ",".join(f'l{i}="v"' for i in range(12_000)).encode()    # 121 kB: 6 s of a quadratic regex
+
 BAD = {
     "bucket-without-le": (answer_with(lambda n: b"# TYPE x_queue_wait_seconds histogram\n"
                                                 b"x_queue_wait_seconds_bucket 3\nx_queue_wait_seconds_sum 1\n"),
@@ -78,6 +87,14 @@ BAD = {
                                                  b"x_queue_wait_seconds_bucket{le=\"0.1\"} 5\n"
                                                  b"x_queue_wait_seconds_bucket{le=\"+Inf\"} 2\n"),
                            "does not parse"),
+    "counts-of-1.5e308": (answer_with(lambda n: HUGE_COUNTS), "does not parse"),
+    "bucket-of-400-digits": (answer_with(lambda n: HUGE_COUNTS.replace(b"1.5e308", b"9" * 400)), "does not parse"),
+    "bucket-le-nan": (answer_with(lambda n: b"# TYPE x_queue_wait_seconds histogram\n"
+                                            b"x_queue_wait_seconds_bucket{le=\"NaN\"} 1\n"),
+                      "le not a number"),
+    "12000-labels-one-named-twice": (answer_with(lambda n: b"# TYPE x_inflight_requests gauge\nx_inflight_requests{"
+                                                           + LABELS_12000 + b',l11999="v"} 1\n'), "does not parse"),
+    "a-type-line-the-parser-trips-on": (answer_with(lambda n: b"# TYPE \x1c gauge\n"), "does not parse"),
     "chunked-size-not-hex": (chunked_with_a_bad_size, "cannot be read"),
     "10-mb-body": (answer_with(lambda n: b"# TYPE x_unread gauge\n" + b"x_unread 1\n" * 1_000_000), "too large"),
     "body-trickled-2-bytes-per-second": (trickle(True), "took longer than"),
@@ -117,6 +134,35 @@ def test_one_bad_service_beside_a_healthy_one(serve, caplog, kind):
         assert not [r for r in caplog.records if "service good" in r.getMessage()]
     finally:
         collector.close()
+
+
+def test_a_number_past_a_floats_range_is_left_out_as_inf_is(serve):
+    """A counter and a gauge of 400 digits (int() reads them, float() cannot): OverflowError
+    came out of the collector; now they are left out, as is one past MAX_VALUE (whose deltas
+    could overflow), and the rest of the body is read."""
+    def past_floats(n):
+        return (b"# TYPE api_tool_calls_total counter\napi_tool_calls_total{tool=\"a\"} " + b"9" * 400 +
+                b"\n# TYPE api_inflight_requests gauge\napi_inflight_requests{at=\"x\"} " + b"9" * 400 +
+                b"\napi_inflight_requests{at=\"y\"} -1e200\napi_inflight_requests 7\n")
+    wide, good = serve(answer_with(past_floats)), serve(answer_with(healthy))
+    collector = collector_for(("wide", wide), ("good", good))
+    try:
+        for _ in range(2):
+            samples = {s.service: s for s in collector.collect(0.0, 1.0)}
+    finally:
+        collector.close()
+    assert samples["wide"].counters == {} and samples["wide"].gauges == {("api_inflight_requests", ""): 7.0}
+    assert samples["good"].counters[("api_tool_calls_total", "outcome=ok,tool=search")] == 3.0
+
+
+def test_stub_status_numbers_past_any_real_total_are_left_out():
+    """400 digits read as inf, 101 as 1e101: each left out, as parse() leaves such a counter out."""
+    page = ("Active connections: " + "9" * 400 + "\nserver accepts handled requests\n 1 2 3\n"
+            "Reading: 0 Writing: 1 Waiting: " + "9" * 101 + "\n")
+    _, counters, gauges = parse_stub_status(page)
+    assert counters == {("nginx_connections_accepted_total", ""): 1.0, ("nginx_connections_handled_total", ""): 2.0,
+                        ("nginx_http_requests_total", ""): 3.0}
+    assert gauges == {("nginx_connections_reading", ""): 0.0, ("nginx_connections_writing", ""): 1.0}
 
 
 def test_a_service_exporting_50000_series_keeps_at_most_the_cap(serve, caplog):
