@@ -175,7 +175,9 @@ class Daemon:
                     self.signals.reload = False
                     self.reload()
                 try:
-                    self.step(start, self.clock.now())
+                    began = self.clock.now()
+                    self.step(start, began)
+                    self.metrics.ticked(self.clock.now() - began, self.cfg.collect_interval_s)
                     failures = 0
                 except Exception:
                     failures += 1

@@ -12,6 +12,7 @@ import http.client
 import logging
 import math
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -29,6 +30,9 @@ MAX_BODY_BYTES = 4 << 20
 MAX_SERIES = 2000          # kept per service, counted as Prometheus does: one per histogram bucket
 NAMES_REMEMBERED = 4096    # per service, whether a family name is one it reads
 SCRAPERS = 16              # services read at once
+# A failing service is read again after FIRST_BACKOFF_S, doubling to MAX_BACKOFF_S: one that times
+# out costs a tick its deadline at most once in 30 s, and one that comes back is read within 30 s.
+FIRST_BACKOFF_S, MAX_BACKOFF_S = 1.0, 30.0
 # A histogram's cumulative bucket count is at most MAX_COUNT: past 2**53 a float no longer
 # holds every whole number, so a delta between two reads is no count (a service answering a
 # million requests a second takes 285 years to get there). Any other number read (a sum, a
@@ -175,8 +179,11 @@ def fetch(url: str, timeout_s: float, max_bytes: int) -> bytes:
 
 class ServiceMetricsCollector:
     """One scrape per service per interval, all at once. A service that does not answer,
-    or answers with what cannot be read, is reported once per kind of failure (and
-    again when it comes back) and yields no sample; the others are not held up."""
+    or answers with what cannot be read (or with what makes anything here raise), is
+    reported once per kind of failure (and again when it comes back), yields no sample
+    and is read again after a back-off (1 s doubling to 30 s), so that a service that
+    keeps timing out does not hold every tick for its deadline; the others are not held
+    up. The first good read after a failure only sets the starting point again."""
     name = "service_metrics"
 
     def __init__(self, timeout_s: float = 0.8):
@@ -190,6 +197,8 @@ class ServiceMetricsCollector:
         self.known: dict[str, Known] = {}         # service -> its last body in client form (parse's `known`)
         self.failing: dict[str, set[str]] = {}    # service -> kinds of failure reported
         self.capped: set[str] = set()             # services reported over MAX_SERIES
+        self.retry: dict[str, tuple[float, float]] = {}   # failing service -> (read again at, its back-off)
+        self.clock = time.monotonic
         self.pool = ThreadPoolExecutor(SCRAPERS, thread_name_prefix="service-metrics")
 
     exports_samples = False    # the services export these series themselves
@@ -222,10 +231,17 @@ class ServiceMetricsCollector:
         self.previous = {name: p for name, p in self.previous.items() if name in same}
         self.last = {name: last for name, last in self.last.items() if name in same}
         self.known = {name: known for name, known in self.known.items() if name in same}
+        self.retry = {name: r for name, r in self.retry.items() if name in same}
 
     def read(self, service: str, url: str) -> Parsed | ScrapeError:
         """The service's wanted series, or what was wrong (returned, so one bad service
-        stops nothing else)."""
+        stops nothing else, whatever it makes happen here)."""
+        try:
+            return self._read(service, url)
+        except Exception as exc:     # a fault nobody foresaw is still only this service's
+            return ScrapeError("could not be read", f"{type(exc).__name__}: {exc}"[:200])
+
+    def _read(self, service: str, url: str) -> Parsed | ScrapeError:
         try:
             body = fetch(url, self.timeout_s, MAX_BODY_BYTES)
         except ScrapeError as exc:
@@ -271,23 +287,38 @@ class ServiceMetricsCollector:
         return parsed
 
     def collect(self, start: float, end: float) -> list[Sample]:
-        urls = dict(self.urls)
+        now = self.clock()
+        urls = {name: url for name, url in self.urls.items() if now >= self.retry.get(name, (0.0, 0.0))[0]}
         answers = dict(zip(urls, self.pool.map(self.read, urls, urls.values())))
         out = []
         for service, got in answers.items():
+            if not isinstance(got, ScrapeError):
+                try:
+                    sample = self._delta(service, start, end, got)
+                except Exception as exc:
+                    got = ScrapeError("could not be turned into signals", f"{type(exc).__name__}: {exc}"[:200])
             self._report(service, urls[service], got)
             if isinstance(got, ScrapeError):
+                self.previous.pop(service, None)
+                backoff = min(self.retry.get(service, (0.0, FIRST_BACKOFF_S / 2))[1] * 2, MAX_BACKOFF_S)
+                self.retry[service] = (now + backoff, backoff)
                 continue
-            hists, counters, gauges = self._cap(service, got)
-            before = self.previous.get(service)
-            self.previous[service] = (hists, counters)
-            if before is None:
-                continue  # the first read only sets the starting point
-            prev_h, prev_c = before
-            hists = {k: h.minus(prev_h[k]) if k in prev_h else h for k, h in hists.items()}
-            counters = {k: v - prev_c.get(k, 0.0) if v >= prev_c.get(k, 0.0) else v for k, v in counters.items()}
-            out.append(self._signals(service, start, end, hists, counters, gauges))
+            self.retry.pop(service, None)
+            if sample is not None:
+                out.append(sample)
         return out
+
+    def _delta(self, service: str, start: float, end: float, parsed: Parsed) -> Sample | None:
+        """The change since the last read, as the service's sample; None for its first read."""
+        hists, counters, gauges = self._cap(service, parsed)
+        before = self.previous.get(service)
+        self.previous[service] = (hists, counters)
+        if before is None:
+            return None   # the first read only sets the starting point
+        prev_h, prev_c = before
+        hists = {k: h.minus(prev_h[k]) if k in prev_h else h for k, h in hists.items()}
+        counters = {k: v - prev_c.get(k, 0.0) if v >= prev_c.get(k, 0.0) else v for k, v in counters.items()}
+        return self._signals(service, start, end, hists, counters, gauges)
 
     def _signals(self, service: str, start: float, end: float, hists, counters, gauges) -> Sample:
         """The interval's deltas as the profile's signals, beside the families the service names itself."""

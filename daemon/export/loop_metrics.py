@@ -43,6 +43,7 @@ class LoopMetrics:
         self.tpot_misses: Counter = Counter()
         self.decisions: Counter = Counter()
         self.view = LoopView()
+        self.tick_s, self.late_ticks = 0.0, 0    # the last tick's length; ticks longer than the interval
 
     @property
     def attribution(self) -> dict[str, object]:
@@ -63,13 +64,23 @@ class LoopMetrics:
                 self.decisions[(e.service, e.tuner, e.setting, e.outcome.label)] += 1
             self.view = view
 
+    def ticked(self, seconds: float, interval_s: float) -> None:
+        with self._lock:
+            self.tick_s = seconds
+            self.late_ticks += seconds > interval_s
+
     def collect(self):
         with self._lock:
+            tick_s, late = self.tick_s, self.late_ticks
             latest, view = dict(self.latest), self.view
             counters = [Counter(c) for c in (self.requests, self.errors, self.slo_misses,
                                              self.ttft_misses, self.tpot_misses)]
             decisions = Counter(self.decisions)
         yield from _families(latest, counters, decisions, view)
+        yield GaugeMetricFamily("slotune_tick_duration_seconds", "How long the last tick took (collect, "
+                                "attribute, decide, push, export)", value=tick_s)
+        yield CounterMetricFamily("slotune_ticks_late", "Ticks that took longer than collect_interval_s "
+                                  "(the next one starts at once)", value=late)
 
 
 def _token_families(latest: dict[str, Window]):

@@ -136,6 +136,21 @@ def test_one_bad_service_beside_a_healthy_one(serve, caplog, kind):
         collector.close()
 
 
+def test_a_service_that_keeps_timing_out_is_read_again_only_after_its_back_off(serve):
+    good, slow = serve(answer_with(healthy)), serve(trickle(False))
+    collector = collector_for(("good", good), ("slow", slow))
+    now = [0.0]
+    collector.clock = lambda: now[0]
+    try:
+        for _ in range(16):      # 16 ticks of 1 s: read at 0, 1 (+1 s), 3 (+2 s), 7 (+4 s), 15 (+8 s)
+            samples = collector.collect(now[0], now[0] + 1.0)
+            now[0] += 1.0
+        assert len(slow.requests) == 5 and len(good.requests) == 16
+        assert [s.service for s in samples] == ["good"]
+    finally:
+        collector.close()
+
+
 def test_a_number_past_a_floats_range_is_left_out_as_inf_is(serve):
     """A counter and a gauge of 400 digits (int() reads them, float() cannot): OverflowError
     came out of the collector; now they are left out, as is one past MAX_VALUE (whose deltas
