@@ -38,7 +38,13 @@
  * several) is body bytes.
  * Only a response's first write reads its bytes (its status line and where its
  * header block ends: one read of a short first segment, see HTTP_HEAD_READ), and
- * a 5-byte write or a one-iovec writev() 5 more. */
+ * a 5-byte write or a one-iovec writev() 5 more.
+ * Connections are kept in an LRU map, so that connections whose end is never seen
+ * cannot fill it for good; when full it evicts the least recently used, counted
+ * (bpf/common.h lru_changes). While the server works on a request nothing touches
+ * its connection, so the slowest requests would be evicted first: a request read
+ * and not yet answered is also kept in http_in_flight (below) and brought back
+ * from there, so a flood of connections evicts idle ones, not requests in flight. */
 
 #define HTTP_STATUS_LINE 12              /* "HTTP/1.1 200" */
 #define HTTP_HEADER_END 0x0a0d0a0d       /* "\r\n\r\n" read as a little-endian u32 */
@@ -51,9 +57,10 @@ struct http_conn {
     u64 last_write_at;   /* ns of its latest write; 0 until it has one */
     u32 service;
     u32 refused;         /* the response's status if it is a refusal (429, 503), else 0 */
+    u32 held;            /* its request's place in http_in_flight + 1 until answered, else 0 */
 };
 
-BPF_TABLE("lru_hash", u64, struct http_conn, http_conns, 65536);   /* socket -> its connection */
+BPF_TABLE("lru_hash", u64, struct http_conn, http_conns, MAX_HTTP_CONNS);   /* socket -> its connection */
 /* Counters by service id in per-CPU arrays, no hash and no atomic (see above). */
 BPF_PERCPU_ARRAY(http_arrived, u64, HTTP_SERVICE_IDS);                       /* requests read */
 BPF_PERCPU_ARRAY(http_statuses, u64, HTTP_SERVICE_IDS * HTTP_CLASS_SLOTS);   /* responses by status class */
@@ -73,6 +80,102 @@ static __always_inline void http_status_add(u32 service, u32 status)
         (*n)++;
 }
 
+/* Requests read and not yet answered, by socket: HTTP_SETS sets of HTTP_WAYS
+ * places, a socket's set picked by a hash of it. An array, so its lookups are
+ * inlined by the JIT (no hash map operation per request): a request read claims a
+ * free place of its set with one compare-and-swap, its first answer frees it. A
+ * read or a write on a socket whose connection the LRU map evicted finds its
+ * request here and puts the connection back. A request whose set is full is
+ * counted in map_full (MAP_HTTP_IN_FLIGHT): it is timed unless evicted. */
+#define HTTP_WAYS 4
+#define HTTP_SETS ((MAX_HTTP_IN_FLIGHT + HTTP_WAYS - 1) / HTTP_WAYS)
+struct http_request {
+    u64 sk;              /* its socket, 0 when the place is free */
+    u64 request_at;
+    u32 service;
+};
+struct http_set {
+    struct http_request way[HTTP_WAYS];
+};
+BPF_ARRAY(http_in_flight, struct http_set, HTTP_SETS);
+
+static __always_inline struct http_set *http_set_of(u64 sk, u32 *set)
+{
+    u64 hash = (sk * 0x9E3779B97F4A7C15ULL) >> 32;   /* Fibonacci hashing: 32 well-mixed bits */
+    *set = (u32)((hash * HTTP_SETS) >> 32);           /* scaled to 0..HTTP_SETS-1, no division */
+    return http_in_flight.lookup(set);
+}
+
+/* The request c has just read on socket sk waits for its answer. */
+static __always_inline void http_hold(u64 sk, struct http_conn *c)
+{
+    u32 set;
+    struct http_set *s = http_set_of(sk, &set);
+    if (!s)
+        return;
+    for (u32 i = 0; i < HTTP_WAYS; i++) {
+        struct http_request *r = &s->way[i];
+        if (__sync_val_compare_and_swap(&r->sk, 0, sk) == 0) {
+            r->request_at = c->request_at;
+            r->service = c->service;
+            c->held = set * HTTP_WAYS + i + 1;
+            return;
+        }
+    }
+    map_full_add(MAP_HTTP_IN_FLIGHT);
+}
+
+/* c's request on socket sk was answered, or is over: its place is free. */
+static __always_inline void http_release(u64 sk, struct http_conn *c)
+{
+    if (!c->held)
+        return;
+    u32 set = (c->held - 1) / HTTP_WAYS;
+    struct http_set *s = http_in_flight.lookup(&set);
+    if (s && s->way[(c->held - 1) & (HTTP_WAYS - 1)].sk == sk)
+        s->way[(c->held - 1) & (HTTP_WAYS - 1)].sk = 0;
+    c->held = 0;
+}
+
+/* The request waiting on socket sk, and in *held its place + 1; 0 if none. */
+static __always_inline struct http_request *http_waiting(u64 sk, u32 *held)
+{
+    u32 set;
+    struct http_set *s = http_set_of(sk, &set);
+    if (!s)
+        return 0;
+    for (u32 i = 0; i < HTTP_WAYS; i++) {
+        if (s->way[i].sk == sk) {
+            *held = set * HTTP_WAYS + i + 1;
+            return &s->way[i];
+        }
+    }
+    return 0;
+}
+
+/* The connection of socket sk, put back from http_in_flight if the LRU map evicted
+ * it while its request waited; 0 if it has none. */
+static __always_inline struct http_conn *http_conn_of(u64 sk)
+{
+    struct http_conn *c = http_conns.lookup(&sk);
+    u32 held;
+    struct http_request *r;
+    if (c || !(r = http_waiting(sk, &held)))
+        return c;
+    struct http_conn back = {.request_at = r->request_at, .service = r->service, .held = held};
+    if (!http_conns.insert(&sk, &back))
+        lru_inserted(LRU_HTTP_CONNS);
+    return http_conns.lookup(&sk);
+}
+
+/* The connection of socket sk is gone (its socket ended, or it is no HTTP/1.x). */
+static __always_inline void http_forget(u64 sk, struct http_conn *c)
+{
+    http_release(sk, c);
+    if (!http_conns.delete(&sk))
+        lru_deleted(LRU_HTTP_CONNS);
+}
+
 /* Does a read that starts with these 4 bytes (sock_head) start a request line? */
 #define HTTP_WORD(a, b, c, d) ((u32)(a) | (u32)(b) << 8 | (u32)(c) << 16 | (u32)(d) << 24)
 static __always_inline int http_method(u32 word)
@@ -86,10 +189,11 @@ static __always_inline int http_method(u32 word)
     return 0;
 }
 
-/* The response on c is over (the next request came, end of file, close):
- * record what only its end knows and wait for the next request. */
-static __always_inline void http_response_over(struct http_conn *c)
+/* The response on c (socket sk) is over (the next request came, end of file,
+ * close): record what only its end knows and wait for the next request. */
+static __always_inline void http_response_over(u64 sk, struct http_conn *c)
 {
+    http_release(sk, c);
     if (c->request_at && c->last_write_at) {
         if (!c->first_byte_at && c->header_at)
             hist_add(c->service, SIG_HTTP_FIRST_BYTE, 0, c->header_at - c->request_at);
@@ -115,8 +219,12 @@ static __always_inline void http_opened(struct sock_io *io)
     if (!service)
         return;
     struct http_conn c = {.service = *service, .request_at = bpf_ktime_get_ns()};
-    http_conns.update(&io->sk, &c);
     http_arrived_add(c.service);
+    http_hold(io->sk, &c);
+    if (!http_conns.insert(&io->sk, &c))
+        lru_inserted(LRU_HTTP_CONNS);
+    else
+        http_release(io->sk, &c);                /* another CPU's read put it there first */
 }
 
 /* A read returned on the socket whose connection is c (0: none yet). */
@@ -130,7 +238,7 @@ static __always_inline void http_read_done(struct http_conn *c, struct sock_io *
         return;
     }
     if (io->ret == 0 || c->last_write_at) {      /* end of file, or the next request */
-        http_response_over(c);
+        http_response_over(io->sk, c);
         if (io->ret == 0)
             return;
     } else if (c->request_at) {
@@ -138,6 +246,7 @@ static __always_inline void http_read_done(struct http_conn *c, struct sock_io *
     }
     c->request_at = bpf_ktime_get_ns();
     http_arrived_add(c->service);
+    http_hold(io->sk, c);
 }
 
 /* The first and the last segment of a write's bytes: {base, len} each. */
@@ -251,11 +360,12 @@ static __always_inline void http_write_done(struct http_conn *c, struct sock_io 
         int headers_only = 0;
         u32 status = http_status(io, &headers_only);
         if (status == 0) {                       /* not an HTTP/1.x server after all */
-            http_conns.delete(&io->sk);
+            http_forget(io->sk, c);
             return;
         }
         if (status < 200)                        /* 100 Continue and the like: the answer comes later */
             return;
+        http_release(io->sk, c);                 /* answered: its writes keep it recently used */
         http_status_add(c->service, status);
         if (status == HTTP_TOO_MANY_REQUESTS || status == HTTP_SERVICE_UNAVAILABLE)
             c->refused = status;
@@ -289,7 +399,7 @@ static __always_inline void http_write_done(struct http_conn *c, struct sock_io 
 /* A read returned on a watched task's socket (bpf/common.h SOCK_PROGRAMS). */
 static __always_inline void sock_received(struct sock_io *io, long nr)
 {
-    struct http_conn *c = http_conns.lookup(&io->sk);
+    struct http_conn *c = http_conn_of(io->sk);
     if (!c)
         sock_locate(io, nr);                     /* a request or a ClientHello may start here */
     http_read_done(c, io);
@@ -299,7 +409,7 @@ static __always_inline void sock_received(struct sock_io *io, long nr)
 
 static __always_inline void sock_sent(struct sock_io *io, long nr)
 {
-    struct http_conn *c = http_conns.lookup(&io->sk);
+    struct http_conn *c = http_conn_of(io->sk);
     if (c) {
         http_write_done(c, io, nr);
         return;
@@ -315,9 +425,13 @@ static __always_inline void sock_sent(struct sock_io *io, long nr)
 static __always_inline void sock_ended(u64 key)
 {
     struct http_conn *c = http_conns.lookup(&key);
+    u32 held;
+    struct http_request *r;
     if (c) {
-        http_response_over(c);
-        http_conns.delete(&key);
+        http_response_over(key, c);
+        http_forget(key, c);
+    } else if ((r = http_waiting(key, &held))) {  /* its connection evicted while its request waited */
+        r->sk = 0;
     }
     TLS_ALSO(tls_forget(key));
 }

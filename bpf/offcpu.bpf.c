@@ -19,7 +19,7 @@ struct offcpu_left {
     u32 class_id;
 };
 
-BPF_TABLE("lru_hash", u32, struct offcpu_left, offcpu_since, 16384);   /* tid -> blocked since */
+BPF_TABLE("lru_hash", u32, struct offcpu_left, offcpu_since, MAX_OFFCPU_SINCE);   /* tid -> blocked since */
 
 #define OFFCPU_BLOCKED 0x0f   /* TASK_INTERRUPTIBLE, _UNINTERRUPTIBLE, __TASK_STOPPED, __TASK_TRACED */
 
@@ -62,6 +62,19 @@ static __always_inline u32 syscall_class(long nr)
     }
 }
 
+/* prev blocked: keep when and in what (a new key, counted; one a switch-in missed
+ * left there is written over). */
+static __always_inline void offcpu_blocked(u32 prev, struct offcpu_left *e)
+{
+    if (!offcpu_since.insert(&prev, e)) {
+        lru_inserted(LRU_OFFCPU_SINCE);
+        return;
+    }
+    struct offcpu_left *old = offcpu_since.lookup(&prev);
+    if (old)
+        *old = *e;
+}
+
 static __always_inline void offcpu_switch(struct sched_switch *s)
 {
     u32 prev = s->prev, next = s->next;
@@ -71,7 +84,7 @@ static __always_inline void offcpu_switch(struct sched_switch *s)
         if (nr >= 0) {
             struct offcpu_left e = {.at = bpf_ktime_get_ns(), .service = *service,
                                     .class_id = syscall_class(nr)};
-            offcpu_since.update(&prev, &e);
+            offcpu_blocked(prev, &e);
         }
     }
     if (!maybe_watched(next))
@@ -80,7 +93,8 @@ static __always_inline void offcpu_switch(struct sched_switch *s)
     if (!e)
         return;
     struct offcpu_left left = *e;
-    offcpu_since.delete(&next);
+    if (!offcpu_since.delete(&next))
+        lru_deleted(LRU_OFFCPU_SINCE);
     hist_add(left.service, SIG_OFFCPU, left.class_id, bpf_ktime_get_ns() - left.at);
 }
 

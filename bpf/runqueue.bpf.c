@@ -2,14 +2,20 @@
  * running, from its wake-up (sched_wakeup, sched_wakeup_new) or involuntary
  * switch-out (sched_switch with a runnable prev_state) to being switched in. */
 
-BPF_TABLE("lru_hash", u32, u64, runqueue_since, 16384);   /* tid -> enqueued at, ns */
+BPF_TABLE("lru_hash", u32, u64, runqueue_since, MAX_RUNQUEUE_SINCE);   /* tid -> enqueued at, ns */
 
 static __always_inline int runqueue_enqueue(u32 tid)
 {
     if (!service_of_task(tid))
         return 0;
     u64 now = bpf_ktime_get_ns();
-    runqueue_since.update(&tid, &now);
+    if (!runqueue_since.insert(&tid, &now)) {
+        lru_inserted(LRU_RUNQUEUE_SINCE);
+        return 0;
+    }
+    u64 *since = runqueue_since.lookup(&tid);   /* a switch-in it missed left it there */
+    if (since)
+        *since = now;
     return 0;
 }
 
@@ -38,7 +44,8 @@ static __always_inline void runqueue_switch(struct sched_switch *s)
     if (!since)
         return;
     u64 waited = bpf_ktime_get_ns() - *since;
-    runqueue_since.delete(&next);
+    if (!runqueue_since.delete(&next))
+        lru_deleted(LRU_RUNQUEUE_SINCE);
     u32 *service = service_of_task(next);
     if (service)
         hist_add(*service, SIG_RUNQUEUE_WAIT, 0, waited);

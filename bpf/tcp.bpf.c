@@ -61,7 +61,7 @@ struct tcp_peer_key {
     u16 pad;
 };
 
-BPF_TABLE("lru_hash", u64, struct tcp_owner, tcp_socks, 65536);        /* skaddr -> owner */
+BPF_TABLE("lru_hash", u64, struct tcp_owner, tcp_socks, MAX_TCP_SOCKS); /* skaddr -> owner */
 BPF_HASH(tcp_listen_ports, struct tcp_listen_key, u32, 1024);          /* (netns, local port) -> service */
 BPF_HASH(tcp_peer_ports, struct tcp_peer_key, u16, 1024);              /* (service, remote port) -> peer id */
 BPF_ARRAY(tcp_sock_hint, u32, TCP_HINT_SLOTS);                          /* owned sockets per address slot */
@@ -95,8 +95,13 @@ static __always_inline int tcp_maybe_owned(u64 sk, u16 sport)
 
 static __always_inline void tcp_own(u64 sk, struct tcp_owner *o)
 {
-    if (tcp_socks.update(&sk, o))
+    if (tcp_socks.insert(&sk, o)) {
+        struct tcp_owner *known = tcp_socks.lookup(&sk);   /* an address reused before its end was seen */
+        if (known)
+            *known = *o;
         return;
+    }
+    lru_inserted(LRU_TCP_SOCKS);
     u32 *n = tcp_sock_slot(sk);
     if (n)
         __sync_fetch_and_add(n, 1);
@@ -107,6 +112,7 @@ static __always_inline void tcp_forget(u64 sk)
     u32 *n = tcp_sock_slot(sk);
     if (!n || !*n || tcp_socks.delete(&sk))
         return;              /* not ours */
+    lru_deleted(LRU_TCP_SOCKS);
     __sync_fetch_and_add(n, -1);
 }
 

@@ -43,14 +43,15 @@ struct tls_conn {
     u64 header[2];       /* per direction: those bytes, the first one lowest */
 };
 
-BPF_TABLE("lru_hash", u64, struct tls_conn, tls_conns, 16384);   /* socket -> its handshake */
+BPF_TABLE("lru_hash", u64, struct tls_conn, tls_conns, MAX_TLS_CONNS);   /* socket -> its handshake */
 
 /* ---- handshakes, from the records ---- */
 
 static __always_inline void tls_forget(u64 sk)
 {
-    if (tls_conns.lookup(&sk))   /* a lookup takes no lock: most sockets were never ours */
-        tls_conns.delete(&sk);
+    /* a lookup takes no lock: most sockets were never ours */
+    if (tls_conns.lookup(&sk) && !tls_conns.delete(&sk))
+        lru_deleted(LRU_TLS_CONNS);
 }
 
 /* One record header has been read. Returns 1 when it ends the handshake. */
@@ -134,7 +135,8 @@ static __always_inline struct tls_conn *tls_opened(struct sock_io *io, u32 dir)
     if (!service)
         return 0;
     struct tls_conn c = {.service = *service, .server = dir == TLS_READ, .started = bpf_ktime_get_ns()};
-    tls_conns.update(&io->sk, &c);
+    if (!tls_conns.insert(&io->sk, &c))
+        lru_inserted(LRU_TLS_CONNS);
     return tls_conns.lookup(&io->sk);
 }
 
@@ -164,8 +166,8 @@ static __always_inline void tls_io_done(struct sock_io *io, u32 dir)
         r = -1;                          /* bytes past the iovecs followed: boundaries lost */
     if (r > 0)
         hist_add(c->service, SIG_TLS_HANDSHAKE, 0, bpf_ktime_get_ns() - c->started);
-    if (r)
-        tls_conns.delete(&io->sk);
+    if (r && !tls_conns.delete(&io->sk))
+        lru_deleted(LRU_TLS_CONNS);
 }
 
 #ifndef FAMILY_HTTP
@@ -196,7 +198,7 @@ struct tls_call {
     u32 direction;       /* TLS_READ or TLS_WRITE */
 };
 
-BPF_TABLE("lru_hash", u32, struct tls_call, tls_calls, 16384); /* tid -> SSL_read/SSL_write in flight */
+BPF_TABLE("lru_hash", u32, struct tls_call, tls_calls, MAX_TLS_CALLS); /* tid -> SSL_read/SSL_write in flight */
 
 static __always_inline int tls_enter(struct pt_regs *ctx, u32 direction, u64 out_len)
 {
@@ -204,7 +206,13 @@ static __always_inline int tls_enter(struct pt_regs *ctx, u32 direction, u64 out
     if (!service_of_task(tid))
         return 0;
     struct tls_call call = {.ssl = PT_REGS_PARM1(ctx), .out_len = out_len, .direction = direction};
-    tls_calls.update(&tid, &call);
+    if (!tls_calls.insert(&tid, &call)) {
+        lru_inserted(LRU_TLS_CALLS);
+        return 0;
+    }
+    struct tls_call *old = tls_calls.lookup(&tid);   /* a call whose return was not seen left it there */
+    if (old)
+        *old = call;
     return 0;
 }
 
@@ -217,7 +225,8 @@ static __always_inline int tls_return(struct pt_regs *ctx)
     if (!call)
         return 0;
     struct tls_call c = *call;
-    tls_calls.delete(&tid);
+    if (!tls_calls.delete(&tid))
+        lru_deleted(LRU_TLS_CALLS);
     long rc = (int)PT_REGS_RC(ctx);
     u64 bytes = 0;
     if (c.out_len) {

@@ -3,7 +3,8 @@ one BPF object, and each interval turns the kernel's cumulative maps into one
 Sample of deltas per service. collect() never raises: a map it cannot read keeps
 its last value (its deltas come with the next interval that reads it), each kind
 of failure is logged once. Inserts a full map refused, the kernel's and its own
-into `watched`, are counted in slotune_bpf_map_full_total{map}; what each BPF
+into `watched`, are counted in slotune_bpf_map_full_total{map}, the entries a full
+LRU map evicted in slotune_bpf_map_evicted_total{map}; what each BPF
 program costs, as the kernel counts it, in slotune_bpf_program_*{program}. A
 program a service starts is watched as it execs (arrivals.py: a thread, which takes
 the collector's lock in turn with the rescan). The daemon's rescan of /proc runs every
@@ -20,6 +21,7 @@ import time
 
 from daemon.model.sample import Sample
 from daemon.collectors.kernel.arrivals import Arrivals
+from daemon.collectors.kernel.evictions import Evictions
 from daemon.collectors.kernel.families import SIGNAL_NAMES, make_families
 from daemon.collectors.kernel.map_full import MapFull
 from daemon.collectors.kernel.maps import U32, items
@@ -43,6 +45,7 @@ class KernelCollector:
         self.families = make_families(families)
         self.map_entries = {**MAP_ENTRIES, **(map_entries or {})}   # map name -> entries
         self.map_full = MapFull(self.map_entries)
+        self.evictions = Evictions()
         self.program_cost = ProgramCost(lambda: program.fds() if (program := self.program) else {})
         self.family_of = {s.name: f for f in self.families for s in f.signals}   # signal -> family
         self.program: Program | None = None
@@ -189,6 +192,7 @@ class KernelCollector:
         samples = self._try("samples", [], self.samples, start, end, self.last, now)
         self.last = now
         self._try("map_full read", None, lambda: self.map_full.kernel(self.program.map_full()))
+        self._try("evictions read", None, lambda: self.map_full.evicted(self.evictions.read(self.program)))
         if self.arrivals is None or time.monotonic() - self.scanned_at >= self.rescan_s:
             self._try("refresh", None, self.refresh)
         return samples

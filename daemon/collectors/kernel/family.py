@@ -1,12 +1,21 @@
 """What a probe family declares: its name in the config, its bpf/<source>.bpf.c,
-the signals it produces with the metric each becomes, and where it attaches.
-Each family module subclasses Family once; families.py lists them."""
+the signals it produces with the metric each becomes, where it attaches, and
+its own maps that daemon.bpf_map_entries sizes. Each family module subclasses
+Family once; families.py lists them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from daemon.collectors.kernel.helpers import Helper
+
+
+class Map(NamedTuple):
+    """One of a family's BPF maps, sized by daemon.bpf_map_entries.<name> (MAX_<NAME> in C)."""
+    entries: int         # its default size
+    evicts: bool         # an LRU hash: when full, an insert evicts the least recently used entry
+                         # (slotune_bpf_map_evicted_total); else a full map refuses it (_full_total)
+    loses: str           # what a lost entry costs, for the log line that says so
 
 
 class Signal(NamedTuple):
@@ -48,6 +57,7 @@ class Family:
     # Counters kept in per-CPU arrays (no hash, no atomic on the hot path): array name ->
     # (its counter signal, labels per service); a series' slot is service id * labels + label.
     service_arrays: dict[str, tuple[str, int]] = {}
+    maps: dict[str, Map] = {}                         # its maps sized by daemon.bpf_map_entries, by name
 
     @classmethod
     def attach_points(cls) -> list[str]:

@@ -3,7 +3,7 @@ response, its first body byte (a streaming LLM server's TTFT), the gaps between
 its body writes (inter-token), its status class, and the responses that sent
 the client away (429, 503: a limit or a queue timeout), timed apart."""
 from daemon.collectors.kernel import sockets
-from daemon.collectors.kernel.family import Family, Signal
+from daemon.collectors.kernel.family import Family, Map, Signal
 from daemon.collectors.kernel.helpers import PT_REGS
 
 STATUS_CLASSES = {n: f"{n}xx" for n in range(2, 6)}   # label id: the status code's first digit
@@ -40,6 +40,12 @@ class Http(Family):
     helpers = PT_REGS                  # where a read's or a write's bytes are: the syscall's registers
     defines = {"FAMILY_HTTP": 1, "HTTP_SERVICE_IDS": SERVICE_IDS, "HTTP_CLASS_SLOTS": CLASS_SLOTS, **REFUSED}
     service_arrays = {"http_arrived": ("http_arrived", 1), "http_statuses": ("http_status", CLASS_SLOTS)}
+    maps = {"http_conns": Map(65536, True, "an evicted connection's last response, answered but not yet over, "
+                                           "is not timed (requests still waiting for their answer are kept in "
+                                           "http_in_flight and brought back)"),
+            "http_in_flight": Map(16384, False, "requests waiting for their answer past it are not kept apart, "
+                                                "so a flood of connections can evict them from http_conns before "
+                                                "they are answered, and they go untimed")}
 
     def __init__(self):
         self.defines = {**self.defines, **sockets.layout()}

@@ -37,6 +37,31 @@ def arrays(table) -> tuple[np.ndarray, np.ndarray]:
             np.frombuffer(values, dtype=value_type, count=total).copy())
 
 
+COUNT_CHUNK = 1024   # entries entry_count() reads per batch call
+
+
+def entry_count(table) -> int:
+    """How many entries a hash map holds, read in batch calls of COUNT_CHUNK into
+    buffers kept per map (the kernel has no call that counts them)."""
+    from bcc.libbcc import lib
+    buffers = getattr(table, "slotune_count_buffers", None)
+    if buffers is None:
+        buffers = table.slotune_count_buffers = ((table.Key * COUNT_CHUNK)(), (table.Leaf * COUNT_CHUNK)())
+    keys, values = buffers
+    batch, count, total = ctypes.c_uint32(0), ctypes.c_uint32(0), 0
+    while total < table.max_entries:
+        count.value = COUNT_CHUNK
+        res = lib.bpf_lookup_batch(table.map_fd, ctypes.byref(batch) if total else None, ctypes.byref(batch),
+                                   keys, values, ctypes.byref(count))
+        err = ctypes.get_errno()
+        total += count.value
+        if res != 0:
+            if err != errno.ENOENT:
+                raise OSError(err, f"counting the entries of BPF map {table.name.decode()}")
+            break
+    return total
+
+
 def percpu_sums(table, first: int, count: int) -> list[int]:
     """Slots first .. first+count-1 of a per-CPU array of integers, each summed over the
     CPUs, in one batch call (24 slots: 9 µs, against 70 µs read slot by slot with BCC);

@@ -1,7 +1,7 @@
 """Off-CPU time per service and syscall class, from the scheduler (bpf/offcpu.bpf.c):
 each time a watched task blocks inside a syscall, how long it was away."""
 from daemon.collectors.kernel import sched
-from daemon.collectors.kernel.family import Family, Signal
+from daemon.collectors.kernel.family import Family, Map, Signal
 from daemon.collectors.kernel.helpers import PT_REGS
 
 # Label ids shared with the C side as OFFCPU_<NAME>; the order is the id.
@@ -18,6 +18,8 @@ class OffCpu(Family):
     # The syscall in progress comes from the task's saved registers (bpf/offcpu.bpf.c).
     helpers = PT_REGS
     defines = {**{f"OFFCPU_{c.upper()}": i for i, c in enumerate(SYSCALL_CLASSES)}, "FAMILY_OFFCPU": 1}
+    maps = {"offcpu_since": Map(16384, True, "a blocked task's time off the CPU is not observed, the longest "
+                                             "blocks first")}
 
     def __init__(self):
         self.defines = {**self.defines, **sched.layout()}

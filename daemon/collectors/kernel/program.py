@@ -2,8 +2,9 @@
 calling a BPF helper the kernel lacks is left out, said in one line: helpers.py):
 builds its exact text (generated #defines, bpf/common.h, bpf/targeting.bpf.c,
 then each family's file), compiles it with BCC, attaches probes one by one (a failure is recorded,
-the rest go on) and reads the shared aggregation maps as cumulative values, and
-how many inserts into them were refused because they were full."""
+the rest go on) and reads the shared aggregation maps as cumulative values, how
+many inserts into a full map were refused, and what the LRU maps' entries and
+changes are (evictions.py)."""
 from __future__ import annotations
 
 import atexit
@@ -13,10 +14,10 @@ import logging
 import numpy as np
 
 import bpf as bpf_sources
-from daemon.collectors.kernel.families import SIGNAL_IDS
+from daemon.collectors.kernel.families import FAMILIES, SIGNAL_IDS
 from daemon.collectors.kernel.family import Attachment, Family
 from daemon.collectors.kernel.helpers import missing
-from daemon.collectors.kernel.maps import arrays, percpu_sums
+from daemon.collectors.kernel.maps import arrays, entry_count, percpu_sums
 from daemon.model.histogram import SLOTS, SUB, SUB_BITS
 
 log = logging.getLogger(__name__)
@@ -28,12 +29,19 @@ HINT_SLOTS = 4096
 # Constants bpf/common.h shares with Python, handed to C as #defines: the histogram
 # layout of daemon/model/histogram.py.
 SHARED_WITH_C = {"SUB_BITS": SUB_BITS, "SUB": SUB, "SLOTS": SLOTS, "HINT_SLOTS": HINT_SLOTS}
-# The shared maps whose inserts can fail, in map-id order (MAP_<NAME> in C, the index
-# into map_full), with their default sizes (MAX_<NAME>; daemon.bpf_map_entries changes them).
-MAP_ENTRIES = {"hists": 32768,      # non-empty buckets over every series, each with its sum
+# The shared maps bpf/common.h declares, with their default sizes.
+SHARED_MAPS = {"hists": 32768,      # non-empty buckets over every series, each with its sum
                "counts": 4096,      # counters: one per (service, signal, label)
                "watched": 65536}    # task id -> service id
+FAMILY_MAPS = {name: m for family in FAMILIES.values() for name, m in family.maps.items()}
+# Every map daemon.bpf_map_entries sizes, with its default size (MAX_<NAME> in C).
+MAP_ENTRIES = {**SHARED_MAPS, **{name: m.entries for name, m in FAMILY_MAPS.items()}}
 MAP_ENTRIES_RANGE = (64, 4194304)   # below 64 one busy signal fills a map; 2**22 is Linux's largest pid_max
+# The maps that refuse an insert when full, in map-id order (MAP_<NAME>, the index into
+# map_full), and the LRU maps, which evict instead, in LRU-id order (LRU_<NAME>, the
+# index into lru_changes).
+REFUSING = tuple(name for name in MAP_ENTRIES if name not in FAMILY_MAPS or not FAMILY_MAPS[name].evicts)
+EVICTING = tuple(name for name, m in FAMILY_MAPS.items() if m.evicts)
 
 TARGETING_TRACEPOINTS = (("sched:sched_process_fork", "on_process_fork"),
                          ("sched:sched_process_exit", "on_process_exit"))
@@ -90,7 +98,8 @@ def program_text(families: list[Family], entries: dict[str, int] | None = None) 
     (name -> entries; a map not named keeps its MAP_ENTRIES default)."""
     sizes = {**MAP_ENTRIES, **(entries or {})}
     defines = {**SHARED_WITH_C,
-               **{f"MAP_{name.upper()}": i for i, name in enumerate(MAP_ENTRIES)}, "MAP_IDS": len(MAP_ENTRIES),
+               **{f"MAP_{name.upper()}": i for i, name in enumerate(REFUSING)}, "MAP_IDS": len(REFUSING),
+               **{f"LRU_{name.upper()}": i for i, name in enumerate(EVICTING)}, "LRU_IDS": len(EVICTING),
                **{f"MAX_{name.upper()}": sizes[name] for name in MAP_ENTRIES},
                **{f"SIG_{name.upper()}": sid for name, sid in SIGNAL_IDS.items()}}
     for family in families:
@@ -212,7 +221,21 @@ class Program:
 
     def map_full(self) -> dict[str, int]:
         """Inserts the kernel side refused so far, per map name (bpf/common.h map_full)."""
-        return dict(zip(MAP_ENTRIES, percpu_sums(self.bpf["map_full"], 0, len(MAP_ENTRIES))))
+        return dict(zip(REFUSING, percpu_sums(self.bpf["map_full"], 0, len(REFUSING))))
+
+    def lru_maps(self) -> list[str]:
+        """The LRU maps in this object: its families'."""
+        return [name for family in self.families for name, m in family.maps.items() if m.evicts]
+
+    def lru_changes(self) -> dict[str, tuple[int, int]]:
+        """New keys inserted and keys deleted so far, per LRU map (bpf/common.h lru_changes)."""
+        n = len(EVICTING)
+        sums = percpu_sums(self.bpf["lru_changes"], 0, 2 * n)
+        return {name: (sums[i], sums[n + i]) for i, name in enumerate(EVICTING)}
+
+    def entries(self, name: str) -> int:
+        """How many entries map `name` holds now."""
+        return entry_count(self.bpf[name])
 
     def fds(self) -> dict[str, int]:
         """Each loaded program's name -> its fd."""

@@ -1,6 +1,6 @@
 """Run-queue wait per service (bpf/runqueue.bpf.c)."""
 from daemon.collectors.kernel import sched
-from daemon.collectors.kernel.family import Family, Signal
+from daemon.collectors.kernel.family import Family, Map, Signal
 
 
 class RunQueue(Family):
@@ -11,6 +11,8 @@ class RunQueue(Family):
                        ("sched:sched_wakeup_new", "on_sched_wakeup_new"),
                        sched.SWITCH)   # shared with offcpu (bpf/offcpu.bpf.c)
     defines = {"FAMILY_RUNQUEUE": 1}
+    maps = {"runqueue_since": Map(16384, True, "a runnable task's wait for a CPU is not observed, the longest "
+                                               "waits first")}
 
     def __init__(self):
         self.defines = {**self.defines, **sched.layout()}

@@ -9,7 +9,7 @@ import ctypes
 import logging
 
 from daemon.collectors.kernel.btf import BtfError, offsets
-from daemon.collectors.kernel.family import Family, Signal
+from daemon.collectors.kernel.family import Family, Map, Signal
 from daemon.collectors.kernel.maps import U16, U32, set_entries
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,9 @@ class Tcp(Family):
                    ("tcp:tcp_retransmit_synack", "on_tcp_retransmit_synack"),
                    ("sock:inet_sock_set_state", "on_tcp_state"))
     raw_tracepoints = (("tcp:tcp_probe", "on_tcp_probe"),)   # every received segment: no record built
+    maps = {"tcp_socks": Map(65536, True, "an evicted outgoing connection's later RTT, retransmits and close "
+                                          "are no longer its service's (an accepted one is found again by its "
+                                          "listening port)")}
 
     def __init__(self):
         self.peer_ids: dict[str, int] = {OTHER: 0}   # grows only: ids stay stable for deltas

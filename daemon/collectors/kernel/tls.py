@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from daemon.collectors.kernel import sockets
-from daemon.collectors.kernel.family import Attachment, Family, Signal
+from daemon.collectors.kernel.family import Attachment, Family, Map, Signal
 from daemon.collectors.kernel.helpers import PT_REGS
 
 DIRECTIONS = ("read", "write")           # TLS_READ = 0, TLS_WRITE = 1
@@ -47,6 +47,8 @@ class Tls(Family):
     raw_tracepoints = sockets.POINTS   # shared with the http family: one program each serves both
     helpers = PT_REGS
     defines = {**{f"TLS_{d.upper()}": i for i, d in enumerate(DIRECTIONS)}, "FAMILY_TLS": 1}
+    maps = {"tls_conns": Map(16384, True, "a handshake in progress is not timed"),
+            "tls_calls": Map(16384, True, "an SSL_read or SSL_write call in progress is not counted")}
 
     def __init__(self):
         self.defines = {**self.defines, **sockets.layout()}
