@@ -146,3 +146,19 @@ http {{
             time.sleep(0.05)
         targeting.scan()                                  # a scan right after the fork, mid-change
     subprocess.run(["nginx", "-p", tmp_path, "-c", conf, "-s", "quit"], capture_output=True)   # workers too
+
+
+def test_a_reload_with_the_same_services_keeps_what_the_scans_learned(spawn, tag):
+    # A SIGHUP every second (the chaos bench) re-gave the same list each time, and each threw away
+    # the cache of who listens where: every tick paid for a walk of every process's fds.
+    server = spawn("http_server", tag, 0.01)
+    port = int(server.stdout.readline())
+    specs = [ServiceSpec("web", port=port)]
+    targeting = Targeting(specs)
+    assert server.pid in targeting.scan()["web"].tgids
+    learned = targeting.seen
+    targeting.update_services([ServiceSpec("web", port=port)])      # equal, as a reload reads it
+    assert targeting.seen is learned and targeting.port_inodes is not None
+    targeting.update_services([ServiceSpec("web", port=port, slo_p99_s=0.2)])
+    assert targeting.seen == {} and targeting.port_inodes is None
+    assert server.pid in targeting.scan()["web"].tgids

@@ -14,7 +14,6 @@ import re
 import time
 from dataclasses import dataclass, field
 
-import psutil
 
 from daemon.model.service import ServiceSpec
 
@@ -274,9 +273,14 @@ class Targeting:
         self.own_pid = os.getpid()
         self.scan_budget_s = scan_budget_s
         self.over_budget: set[str] = set()      # services already named in a budget warning
+        self.services: list[ServiceSpec] | None = None
         self.update_services(services)
 
     def update_services(self, services: list[ServiceSpec]) -> None:
+        """Take a new list of services; the same list (a reload that changed something
+        else) keeps what the scans learned, so that a SIGHUP costs no full rescan."""
+        if list(services) == self.services:
+            return
         names = [s.name for s in services]
         dupes = {n for n in names if names.count(n) > 1}
         if dupes:
@@ -337,15 +341,20 @@ class Targeting:
         return frozenset(names)
 
     def port_listeners(self) -> dict[int, set[int]]:
-        """Listening port -> pids, only when some service is declared by port: ports of
-        our own network namespace (the host's); a containerised service is found by
-        its other finders, and its ports are then read in its namespace."""
-        if not any(s.port for s in self.services):
-            return {}
+        """Declared port -> pids holding its listening sockets: ports of our own network
+        namespace (the host's); a containerised service is found by its other finders, and
+        its ports are then read in its namespace. Every process's fds are read (only a socket's
+        holder says who it is), but only the declared listening sockets are looked for: the
+        host's other connections, 100 000 idle ones say, are neither listed nor decoded."""
         out: dict[int, set[int]] = {}
-        for c in psutil.net_connections(kind="tcp"):
-            if c.status == psutil.CONN_LISTEN and c.pid:
-                out.setdefault(c.laddr.port, set()).add(c.pid)
+        declared = {s.port for s in self.services if s.port}
+        sockets = {inode: port for inode, port in own_listening_table().items() if port in declared}
+        if not sockets:
+            return out
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                for inode in socket_inodes(int(entry.name)) & sockets.keys():
+                    out.setdefault(sockets[inode], set()).add(int(entry.name))
         return out
 
     def scan(self) -> dict[str, ServiceProcesses]:
@@ -356,7 +365,7 @@ class Targeting:
         fresh = inodes != self.listen_inodes   # who listens where is read again only when it changed
         if fresh:
             self.listen_inodes, self.pid_ports = inodes, {}
-        # Which processes hold the declared ports takes every process's fds (psutil): read
+        # Which processes hold the declared ports takes every process's fds: read
         # only when the sockets listening on those ports change, not on every listen of the host.
         declared = {s.port for s in self.services if s.port}
         self.declared_sockets = {inode: port for inode, port in tables[own].items() if port in declared}
