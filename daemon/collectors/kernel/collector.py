@@ -97,11 +97,11 @@ class KernelCollector:
     def update_services(self, services: list[ServiceSpec]) -> None:
         with self.lock:
             if self.targeting is None:
-                self.targeting = Targeting(services)
+                self.targeting, changed = Targeting(services), True
             else:
-                self.targeting.update_services(services)
+                changed = self.targeting.update_services(services)
             self._assign_ids(services)
-            if self.program:
+            if self.program and changed:
                 self.refresh()
 
     def _assign_ids(self, services: list[ServiceSpec]) -> None:

@@ -254,16 +254,29 @@ def socket_inodes(pid: int) -> set[int]:
     return out
 
 
-def listening_ports(pid: int, tables: dict) -> tuple[int | None, set[int]]:
+def holders(inodes) -> dict[int, set[int]]:
+    """pid -> which of these socket inodes it holds, for each process holding one: one walk
+    of every process's fds (only a socket's holder says who it is)."""
+    out, inodes = {}, set(inodes)
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and (held := socket_inodes(int(entry.name)) & inodes):
+            out[int(entry.name)] = held
+    return out
+
+
+def listening_ports(pid: int, tables: dict, own: int | None,
+                    own_held: dict[int, set[int]]) -> tuple[int | None, set[int]]:
     """(network namespace, ports the process listens on there); (None, set()) when it is gone.
-    `tables` (netns -> listening table) are reused and filled in."""
+    `tables` (netns -> listening table) are reused and filled in; in our own namespace the
+    process's sockets are those holders() found (own_held), not read again."""
     netns = netns_of(pid)
     if netns is None:
         return None, set()
     if netns not in tables:
         tables[netns] = listening_table(f"/proc/{pid}/net")
     table = tables[netns]
-    return netns, {table[inode] for inode in socket_inodes(pid) if inode in table}
+    held = own_held.get(pid, set()) if netns == own else socket_inodes(pid)
+    return netns, {table[inode] for inode in held if inode in table}
 
 
 class Targeting:
@@ -276,11 +289,11 @@ class Targeting:
         self.services: list[ServiceSpec] | None = None
         self.update_services(services)
 
-    def update_services(self, services: list[ServiceSpec]) -> None:
-        """Take a new list of services; the same list (a reload that changed something
-        else) keeps what the scans learned, so that a SIGHUP costs no full rescan."""
+    def update_services(self, services: list[ServiceSpec]) -> bool:
+        """Take a new list of services; False for the same list (a reload that changed
+        something else), which keeps what the scans learned: a SIGHUP costs no rescan."""
         if list(services) == self.services:
-            return
+            return False
         names = [s.name for s in services]
         dupes = {n for n in names if names.count(n) > 1}
         if dupes:
@@ -295,7 +308,9 @@ class Targeting:
         self.listeners: dict[int, set[int]] = {}            # declared port -> pids, while they stay the same
         self.declared_sockets: dict[int, int] = {}          # listening socket inode -> declared port, in our netns
         self.pid_ports: dict[int, tuple[int | None, set[int]]] = {}   # pid -> (netns, its listening ports), likewise
+        self.own_held: dict[int, set[int]] = {}             # pid -> the listening sockets it holds in our netns, likewise
         self.other_netns: dict[int, int] = {}               # netns -> one service pid in it, not our own
+        return True
 
     def matches(self, pid: int, spec: ServiceSpec, listeners: dict[int, set[int]], new: bool = False) -> bool:
         """The command line, which another user may have written, is read last: only
@@ -346,33 +361,27 @@ class Targeting:
         its ports are then read in its namespace. Every process's fds are read (only a socket's
         holder says who it is), but only the declared listening sockets are looked for: the
         host's other connections, 100 000 idle ones say, are neither listed nor decoded."""
-        out: dict[int, set[int]] = {}
         declared = {s.port for s in self.services if s.port}
         sockets = {inode: port for inode, port in own_listening_table().items() if port in declared}
-        if not sockets:
-            return out
-        for entry in os.scandir("/proc"):
-            if entry.name.isdigit():
-                for inode in socket_inodes(int(entry.name)) & sockets.keys():
-                    out.setdefault(sockets[inode], set()).add(int(entry.name))
-        return out
+        return _by_port(holders(sockets.keys()) if sockets else {}, sockets)
 
     def scan(self) -> dict[str, ServiceProcesses]:
         found = {s.name: ServiceProcesses(s) for s in self.services}
         own = netns_of(self.own_pid)
         tables = listening_tables(own, self.other_netns)
         inodes = listening_sockets(tables)
-        fresh = inodes != self.listen_inodes   # who listens where is read again only when it changed
+        # Who holds which listening socket takes every process's fds (holders()): read, once for
+        # the declared ports and the services' own ports, only when some listening socket changed.
+        fresh = inodes != self.listen_inodes
         if fresh:
             self.listen_inodes, self.pid_ports = inodes, {}
-        # Which processes hold the declared ports takes every process's fds: read
-        # only when the sockets listening on those ports change, not on every listen of the host.
+            self.own_held = holders(tables[own].keys()) if self.services else {}
         declared = {s.port for s in self.services if s.port}
         self.declared_sockets = {inode: port for inode, port in tables[own].items() if port in declared}
         port_inodes = frozenset(self.declared_sockets)
         relisten = port_inodes != self.port_inodes
         if relisten:
-            self.port_inodes, self.listeners = port_inodes, self.port_listeners()
+            self.port_inodes, self.listeners = port_inodes, _by_port(self.own_held, self.declared_sockets)
         listeners = self.listeners
         settled_start = (uptime_s() - SETTLING_S) * CLOCK_TICKS   # processes started before this have settled
         alive = {}
@@ -414,7 +423,7 @@ class Targeting:
             for pid in procs.tgids:
                 procs.tids |= threads(pid)
                 if pid not in self.pid_ports:
-                    self.pid_ports[pid] = listening_ports(pid, tables)
+                    self.pid_ports[pid] = listening_ports(pid, tables, own, self.own_held)
                 netns, ports = self.pid_ports[pid]
                 if netns is not None:
                     procs.netns[pid] = netns
@@ -436,3 +445,12 @@ class Targeting:
         log.warning("service %s: matching its processes took %.2f s of one scan (budget %.2f s); "
                     "%d new processes wait for the next scans.%s",
                     name, spent[name], self.scan_budget_s, waiting, fix)
+
+
+def _by_port(held: dict[int, set[int]], sockets: dict[int, int]) -> dict[int, set[int]]:
+    """port -> the pids holding its sockets, from holders()' pid -> inodes."""
+    out: dict[int, set[int]] = {}
+    for pid, inodes in held.items():
+        for inode in inodes & sockets.keys():
+            out.setdefault(sockets[inode], set()).add(pid)
+    return out
