@@ -139,6 +139,7 @@ class Daemon:
             except Exception:
                 log.exception("closing collector %s", c.name)
         self.sinks.close()
+        self.control.close()
         if self.server:
             self.server.close()
             self.server = None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from daemon.config import Bounds, Config, ServiceConf
@@ -34,6 +35,7 @@ HOLD_INTERVALS = 3         # a rolled-back setting is left alone this many inter
 MAX_HOLD_S = 3600.0        # doubling with each rollback up to an hour
 MAX_BACKOFF_S = 60.0
 REFRESH_S = 5.0            # the settings in force are read at most this often, unless about to push
+READERS = 16               # control surfaces read at once
 
 
 def guarded(value: float, old: float | None, bounds: Bounds) -> float:
@@ -73,6 +75,7 @@ class ControlLoop:
         self.baseline_for = baseline_for   # (service, since, until) -> tuners.drift.Baseline | None
         self.bulkheads = bulkheads or Bulkheads()
         self.slack_s = cfg.collect_interval_s / 2   # a tick's jitter: what is due within it is due now
+        self.readers = ThreadPoolExecutor(READERS, thread_name_prefix="control-read")
         # before_push(): the pending judgement is saved and the watchdog told; after_push() once it is over
         self.before_push, self.after_push = before_push, after_push
         guards = guards or {}
@@ -125,22 +128,34 @@ class ControlLoop:
         return {name: sc.guard for name, sc in self.services.items()}
 
     def tick(self, interval: Interval) -> list[Entry]:
-        """Each service's judgements and decisions, each service in its bulkhead."""
-        entries = []
-        for sc in self.services.values():
-            if sc.conf.tuners:
+        """Each service's judgements and decisions, each service in its bulkhead. The settings
+        in force are read from every service that needs them at once, so that a surface that
+        takes its whole deadline to fail holds the tick that long, not that long for each."""
+        now, entries = interval.end, []
+        wanted = [sc for sc in self.services.values()
+                  if sc.conf.tuners and (self._due(sc, now) or self._judging(sc, now))]
+        read = [sc for sc in wanted if sc.actuator is not None]
+        in_force = dict(zip([sc.conf.name for sc in read], self.readers.map(
+            lambda sc: self.bulkheads.run(sc.conf.name, "decide", lambda: self._refresh(sc, now), False), read)))
+        for sc in wanted:
+            if in_force.get(sc.conf.name, sc.actuator is None):
                 entries += self.bulkheads.run(sc.conf.name, "decide", lambda sc=sc: self._tick(sc, interval), [])
         return entries
 
+    def close(self) -> None:
+        self.readers.shutdown(wait=False, cancel_futures=True)
+
+    def _due(self, sc: ServiceControl, now: float) -> list:
+        return [t for t in sc.conf.tuners if t.name not in sc.stopped
+                and self._passed(now, sc.last_decision.get(t.name, -math.inf), t.interval_s)]
+
+    def _judging(self, sc: ServiceControl, now: float) -> bool:
+        return any(self._passed(now, p.t, p.interval_s) for p in sc.guard.pending) or sc.guard.rollbacks_owed
+
     def _tick(self, sc: ServiceControl, interval: Interval) -> list[Entry]:
+        """The service's judgements and decisions, on the settings in force just read."""
         now, entries, name = interval.end, [], sc.conf.name
-        due = [t for t in sc.conf.tuners if t.name not in sc.stopped
-               and self._passed(now, sc.last_decision.get(t.name, -math.inf), t.interval_s)]
-        judging = any(self._passed(now, p.t, p.interval_s) for p in sc.guard.pending) or sc.guard.rollbacks_owed
-        if not (due or judging):
-            return []
-        if sc.actuator is not None and not self._refresh(sc, now):
-            return []
+        due = self._due(sc, now)
         for setting in sc.conf.recommend:    # restart-only: in force is what it was started with
             sc.settings.setdefault(setting, sc.conf.settings[setting].in_force)
         entries += self._judge(sc, interval)

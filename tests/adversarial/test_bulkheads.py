@@ -14,14 +14,16 @@ from prometheus_client import generate_latest
 
 from daemon import config
 from daemon.collectors.service_metrics import ServiceMetricsCollector
-from daemon.control.audit import Outcome
+from daemon.control.actuators.http_json import HttpJsonActuator
+from daemon.control.audit import AuditLog, Outcome
+from daemon.control.loop import ControlLoop
 from daemon.host.bulkheads import Bulkheads
 from daemon.model.interval import Interval
 from daemon.model.sample import Sample
 from daemon.process import Daemon, SteadyClock
 from tests.adversarial.service_double import ServiceDouble
 from tests.adversarial.service_double import config as config_text
-from tests.adversarial.test_decisions import rate_loop
+from tests.adversarial.test_decisions import RATE_TOML, rate_loop
 from tests.test_control import window
 
 
@@ -186,3 +188,24 @@ def test_a_push_is_owed_its_judgement_and_given_the_watchdogs_allowance_before_i
         daemon.close()
         double.close()
         notify.close()
+
+
+def test_control_surfaces_that_hang_hold_the_tick_once_not_once_each(tmp_path, serve):
+    hung = [serve(lambda conn, _request, stopped: stopped.wait(30)) for _ in range(3)]
+    double = ServiceDouble({"rate_limit_rps": 100.0})
+    try:
+        urls = {"api": f"http://127.0.0.1:{double.port}/admin/config"} | {
+            f"hung{i}": f"http://127.0.0.1:{h.port}/admin/config" for i, h in enumerate(hung)}
+        (tmp_path / "slotune.toml").write_text("".join(
+            RATE_TOML.format(url=url, max=1000).replace("services.api", f"services.{name}")
+            for name, url in urls.items()))
+        cfg = config.load(tmp_path / "slotune.toml")
+        control = ControlLoop(cfg, {name: HttpJsonActuator(url) for name, url in urls.items()},
+                              AuditLog(None), False)
+        began = time.monotonic()
+        entries = control.tick(Interval.at(1.0, {name: [window(1.0, 0.1, service=name)] for name in urls}))
+        took = time.monotonic() - began
+        assert [e.service for e in entries] == ["api"] and double.pushed() == 1
+        assert 2.0 <= took < 2.0 * 2, took       # each read has a 2 s deadline; three of them at once
+    finally:
+        double.close()
