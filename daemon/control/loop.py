@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
-from concurrent.futures import ThreadPoolExecutor
+from concurrent import futures
 from dataclasses import dataclass, field, replace
 
 from daemon.config import Bounds, Config, ServiceConf
@@ -36,6 +36,7 @@ MAX_HOLD_S = 3600.0        # doubling with each rollback up to an hour
 MAX_BACKOFF_S = 60.0
 REFRESH_S = 5.0            # the settings in force are read at most this often, unless about to push
 READERS = 16               # control surfaces read at once
+READ_WAIT_S = 0.25         # how long a tick waits for them (a healthy one answers in milliseconds)
 
 
 def guarded(value: float, old: float | None, bounds: Bounds) -> float:
@@ -75,7 +76,8 @@ class ControlLoop:
         self.baseline_for = baseline_for   # (service, since, until) -> tuners.drift.Baseline | None
         self.bulkheads = bulkheads or Bulkheads()
         self.slack_s = cfg.collect_interval_s / 2   # a tick's jitter: what is due within it is due now
-        self.readers = ThreadPoolExecutor(READERS, thread_name_prefix="control-read")
+        self.readers = futures.ThreadPoolExecutor(READERS, thread_name_prefix="control-read")
+        self.reading: dict[str, futures.Future] = {}    # service -> its read of the settings in force, going on
         # before_push(): the pending judgement is saved and the watchdog told; after_push() once it is over
         self.before_push, self.after_push = before_push, after_push
         guards = guards or {}
@@ -112,6 +114,7 @@ class ControlLoop:
             self.services[s.name] = replace(old[s.name], conf=s, actuator=actuators.get(s.admission_by or s.name),
                                             stopped=set(), states=states)
         self.bulkheads.forget(set(self.services))
+        self.reading = {name: read for name, read in self.reading.items() if name in self.services}
         self.slack_s = cfg.collect_interval_s / 2
         return entries
 
@@ -129,18 +132,35 @@ class ControlLoop:
 
     def tick(self, interval: Interval) -> list[Entry]:
         """Each service's judgements and decisions, each service in its bulkhead. The settings
-        in force are read from every service that needs them at once, so that a surface that
-        takes its whole deadline to fail holds the tick that long, not that long for each."""
+        in force are read from every service that needs them at once, on threads; the tick
+        waits READ_WAIT_S for them: a surface slower than that (one that hangs until its
+        deadline) is left reading, and its service decides in the first tick after the read
+        ends, so that it never holds the others."""
         now, entries = interval.end, []
         wanted = [sc for sc in self.services.values()
                   if sc.conf.tuners and (self._due(sc, now) or self._judging(sc, now))]
-        read = [sc for sc in wanted if sc.actuator is not None]
-        in_force = dict(zip([sc.conf.name for sc in read], self.readers.map(
-            lambda sc: self.bulkheads.run(sc.conf.name, "decide", lambda: self._refresh(sc, now), False), read)))
         for sc in wanted:
-            if in_force.get(sc.conf.name, sc.actuator is None):
+            if sc.conf.name not in self.reading and self._stale(sc, now):
+                self.reading[sc.conf.name] = self.readers.submit(sc.actuator.current)
+        futures.wait([self.reading[sc.conf.name] for sc in wanted if sc.conf.name in self.reading],
+                     timeout=READ_WAIT_S)
+        for sc in wanted:
+            read = self.reading.get(sc.conf.name)
+            if read is not None and not read.done():
+                continue          # still reading: decided once the read ends
+            if read is not None:
+                del self.reading[sc.conf.name]
+                in_force = self.bulkheads.run(sc.conf.name, "read", lambda: self._took(sc, now, read.result), False)
+            else:
+                in_force = sc.actuator is None or self._refresh(sc, now)
+            if in_force:
                 entries += self.bulkheads.run(sc.conf.name, "decide", lambda sc=sc: self._tick(sc, interval), [])
         return entries
+
+    def _stale(self, sc: ServiceControl, now: float) -> bool:
+        """Whether the settings in force are to be read now (not backed off, not read lately)."""
+        return (sc.actuator is not None and now >= sc.retry_at
+                and not (sc.reachable and now - sc.read_at < REFRESH_S))
 
     def close(self) -> None:
         self.readers.shutdown(wait=False, cancel_futures=True)
@@ -180,17 +200,21 @@ class ControlLoop:
             return False
         if sc.reachable and not fresh and now - sc.read_at < REFRESH_S:
             return True
+        return self._took(sc, now, sc.actuator.current)
+
+    def _took(self, sc: ServiceControl, now: float, read) -> bool:
+        """What read() gives (the settings in force) taken in, or the back-off on its ActuatorError."""
         try:
-            sc.settings.update(sc.actuator.current())
-            sc.read_at = now
-            if not sc.reachable:
-                log.info("service %s: control surface reachable", sc.conf.name)
-            sc.reachable, sc.backoff_s = True, 1.0
-            sc.guard.remember_originals(sc.settings, sc.conf.settings)
-            return True
+            sc.settings.update(read())
         except ActuatorError as exc:
             self._back_off(sc, now, exc)
             return False
+        sc.read_at = now
+        if not sc.reachable:
+            log.info("service %s: control surface reachable", sc.conf.name)
+        sc.reachable, sc.backoff_s = True, 1.0
+        sc.guard.remember_originals(sc.settings, sc.conf.settings)
+        return True
 
     def _back_off(self, sc: ServiceControl, now: float, exc: ActuatorError) -> None:
         if sc.reachable or sc.retry_at == 0.0:

@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 # What a stage of one service may take before it counts as failed (it is not cut short: Python
 # cannot stop a running call, so the budget says and backs off a service that takes the tick).
-BUDGET_S = {"window": 1.0, "attribute": 5.0, "decide": 20.0, "record": 2.0}
+BUDGET_S = {"window": 1.0, "attribute": 5.0, "read": 5.0, "decide": 20.0, "record": 2.0}
 FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 60.0
 
@@ -30,6 +30,8 @@ class _Health:
     retry_at: float = -float("inf")
     backoff_s: float = FIRST_BACKOFF_S
     said: set[str] = field(default_factory=set)     # causes already in the log
+    took_s: float = 0.0                              # the last run's length
+    longest_s: float = 0.0
 
 
 class Bulkheads:
@@ -53,6 +55,7 @@ class Bulkheads:
             self._failed(h, service, stage, type(exc).__name__, f"{type(exc).__name__}: {_short(exc)}", exc)
             return default
         took, budget = self.clock() - started, self.budgets.get(stage, float("inf"))
+        h.took_s, h.longest_s = took, max(h.longest_s, took)
         if took > budget:
             self._failed(h, service, stage, "overrun", f"took {took:.1f} s, over its {budget:g} s budget", None)
         elif not h.up:
@@ -85,17 +88,22 @@ class Bulkheads:
 
     def collect(self):
         with self._lock:
-            items = sorted((k, h.up, h.failures) for k, h in self._health.items())
+            items = sorted((k, h.up, h.failures, h.took_s, h.longest_s) for k, h in self._health.items())
         up = GaugeMetricFamily("slotune_service_stage_up", "1 while the stage of the service's tick works, 0 "
                                "after it failed (an exception or an overrun of its time budget)",
                                labels=["service", "stage"])
         failures = CounterMetricFamily("slotune_service_stage_failures", "Ticks in which the stage of the "
                                        "service failed", labels=["service", "stage"])
-        for (service, stage), is_up, n in items:
+        took = GaugeMetricFamily("slotune_service_stage_seconds", "How long the stage of the service took, the "
+                                 "last time and the longest so far", labels=["service", "stage", "which"])
+        for (service, stage), is_up, n, last, longest in items:
             up.add_metric([service, stage], 1.0 if is_up else 0.0)
             failures.add_metric([service, stage], n)
+            took.add_metric([service, stage, "last"], last)
+            took.add_metric([service, stage, "longest"], longest)
         yield up
         yield failures
+        yield took
 
 
 def _short(exc: BaseException) -> str:
