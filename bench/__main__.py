@@ -19,6 +19,7 @@ BENCHES = {
     "server_overhead": "nginx under wrk with and without the probes, beside bpftrace: req/s, CPU and BPF time per request (~6 min)",
     "signal_checks": "every signal against its independent reference (nstat, ss, bpftrace, s_time, server logs) (~5 min)",
     "step_time_fit": "the reference decoder's step time a + b*tokens + c*seqs, for the LLM simulator (~1 min)",
+    "chaos": "3 healthy services tuned beside 10 hostile ones, clock steps, a SIGHUP a second: decisions missed, restarts, RSS (~21 min)",
     "soak": "an hour of diurnal load with SIGHUPs and gateway restarts: daemon RSS, fds, logs (~62 min)",
     "closed_loop": "the real stack under a load step and a diurnal day: shipped, whitepaper, slotune, oracle arms (~25 min)",
     "llm_tuning": "the continuous-batch tuner against the LLM server's defaults on the real stack (~15 min)",
