@@ -391,7 +391,8 @@ def _settings(file, r: _Reader) -> dict[str, Bounds]:
 
 
 def _map_entries(file: Path, r: _Reader) -> dict[str, int]:
-    """daemon.bpf_map_entries: entries per shared BPF map; a map not named keeps its default."""
+    """daemon.bpf_map_entries: entries per BPF map (collectors/kernel/program.py MAP_ENTRIES);
+    a map not named keeps its default."""
     for name in r.table:
         if name not in MAP_ENTRIES:
             raise ConfigError(file, r.key(name), f"no BPF map {name!r}; known: {', '.join(MAP_ENTRIES)}")
