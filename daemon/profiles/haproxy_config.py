@@ -194,8 +194,8 @@ def _parse(text: str, path: str, cfg: HaproxyConfig) -> None:
 
 
 def _global(words: list[str], cfg: HaproxyConfig, path: str, n: int) -> None:
-    if words[0] == "maxconn" and len(words) > 1 and words[1].isdigit():
-        cfg.global_maxconn = int(words[1])
+    if words[0] == "maxconn" and len(words) > 1 and (limit := _number(words[1])) is not None:
+        cfg.global_maxconn = limit
     elif words[:2] == ["stats", "socket"] and len(words) > 2:
         level = words[words.index("level") + 1] if "level" in words[3:-1] else DEFAULT_LEVEL
         try:
@@ -213,7 +213,7 @@ def _address(where: str, base: str) -> str:
     if family == "unix" or family == "" and not re.fullmatch(r"[^/]*:\d+", rest):
         return os.path.normpath(os.path.join(base, rest))
     host, _, port = rest.rpartition(":")
-    if family not in ("", "ipv4", "ipv6", "tcp", "tcp4", "tcp6") or not port.isdigit():
+    if family not in ("", "ipv4", "ipv6", "tcp", "tcp4", "tcp6") or _number(port) is None:
         raise Unknown("is not a Unix path or an IP address and port: slotune's haproxy actuator cannot dial it")
     host = host.strip("[]")
     if family in ("ipv6", "tcp6") or ":" in host:
@@ -223,13 +223,19 @@ def _address(where: str, base: str) -> str:
 
 def _maxconn(words: list[str]) -> int | None:
     i = words.index("maxconn") + 1 if "maxconn" in words[:-1] else 0
-    return int(words[i]) if i and words[i].isdigit() else None
+    return _number(words[i]) if i else None
+
+
+def _number(word: str) -> int | None:
+    """A count as HAProxy writes one (ASCII digits, at most 10 of them), else None: a file
+    with "maxconn ²" or a 5 000-digit limit is read past, never the end of discover."""
+    return int(word) if word.isascii() and word.isdigit() and len(word) <= 10 else None
 
 
 def _inheritable(words: list[str], into: dict) -> None:
     """maxconn, default_backend and default-server's maxconn, where a defaults section or a proxy sets them."""
-    if words[0] == "maxconn" and len(words) > 1 and words[1].isdigit():
-        into["maxconn"] = int(words[1])
+    if words[0] == "maxconn" and len(words) > 1 and (limit := _number(words[1])) is not None:
+        into["maxconn"] = limit
     elif words[0] == "default_backend" and len(words) > 1:
         into["default_backend"] = words[1]
     elif words[0] == "default-server" and (limit := _maxconn(words)) is not None:
@@ -240,14 +246,14 @@ def _proxy(words: list[str], proxy: Proxy) -> None:
     _inheritable(words, proxy.values)
     if words[0] == "bind" and len(words) > 1:
         for one in words[1].split(","):
-            m = re.fullmatch(r"(?:(?:ipv4|ipv6|tcp|tcp4|tcp6)@)?\[?[^@\]]*\]?:(\d+)(?:-(\d+))?", one)
+            m = re.fullmatch(r"(?:(?:ipv4|ipv6|tcp|tcp4|tcp6)@)?\[?[^@\]]*\]?:([0-9]{1,5})(?:-([0-9]{1,5}))?", one)
             if m:
                 proxy.ports.append((int(m[1]), int(m[2] or m[1])))
     elif words[0] == "use_backend" and len(words) > 1:
         proxy.backends.append(words[1])
     elif words[0] == "server" and len(words) > 2:    # default-server applies to the servers after it
         proxy.servers[words[1]] = _server_limit(words[3:], proxy)
-    elif words[0] == "server-template" and len(words) > 3 and (m := re.fullmatch(r"(\d+)(?:-(\d+))?", words[2])):
+    elif words[0] == "server-template" and len(words) > 3 and (m := re.fullmatch(r"([0-9]{1,6})(?:-([0-9]{1,6}))?", words[2])):
         lo, hi = (int(m[1]), int(m[2])) if m[2] else (1, int(m[1]))     # <num> or <first>-<last>
         limit = _server_limit(words[4:], proxy)
         proxy.servers.update({f"{words[1]}{i}": limit for i in range(lo, min(hi, lo + 9999) + 1)})
