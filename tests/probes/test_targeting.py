@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from daemon.model.service import ServiceSpec
+from daemon.collectors.kernel import targeting as targeting_module
 from daemon.collectors.kernel.targeting import Targeting, TargetingError
 from tests.probes.conftest import collected, hist
 
@@ -162,3 +163,20 @@ def test_a_reload_with_the_same_services_keeps_what_the_scans_learned(spawn, tag
     targeting.update_services([ServiceSpec("web", port=port, slo_p99_s=0.2)])
     assert targeting.seen == {} and targeting.port_inodes is None
     assert server.pid in targeting.scan()["web"].tgids
+
+
+def test_a_new_listening_socket_is_looked_for_in_new_processes_first(spawn, tag, monkeypatch):
+    # A service restarting beside processes that hold 100 000 idle connections: a walk of every
+    # process's fds at each restart cost the tick seconds. Its new socket is in its new process.
+    first = spawn("http_server", tag, 0.01)
+    port = int(first.stdout.readline())
+    targeting = Targeting([ServiceSpec("web", port=port)])
+    assert first.pid in targeting.scan()["web"].tgids     # learns every listening socket's holder
+    walked = []
+    real = targeting_module.socket_inodes
+    monkeypatch.setattr(targeting_module, "socket_inodes", lambda pid: walked.append(pid) or real(pid))
+    second = spawn("http_server", tag, 0.01)
+    second.stdout.readline()
+    held, _ = targeting_module.still_held(targeting.own_held, targeting.unheld,
+                                          set(targeting_module.own_listening_table()), [second.pid])
+    assert second.pid in held and first.pid in held and walked == [second.pid]

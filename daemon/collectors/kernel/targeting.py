@@ -254,14 +254,35 @@ def socket_inodes(pid: int) -> set[int]:
     return out
 
 
-def holders(inodes) -> dict[int, set[int]]:
-    """pid -> which of these socket inodes it holds, for each process holding one: one walk
-    of every process's fds (only a socket's holder says who it is)."""
+def holders(inodes, pids=None) -> dict[int, set[int]]:
+    """pid -> which of these socket inodes it holds, for each process holding one: a walk of
+    the fds of pids, or of every process (only a socket's holder says who it is)."""
     out, inodes = {}, set(inodes)
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and (held := socket_inodes(int(entry.name)) & inodes):
-            out[int(entry.name)] = held
+    if pids is None:
+        pids = [int(entry.name) for entry in os.scandir("/proc") if entry.name.isdigit()]
+    for pid in pids:
+        if held := socket_inodes(pid) & inodes:
+            out[pid] = held
     return out
+
+
+def still_held(last: dict[int, set[int]], unheld: set[int], listening: set[int],
+               new_pids: list[int]) -> tuple[dict[int, set[int]], set[int]]:
+    """(holders(listening), the sockets no process holds) from the last answer: what is still
+    listening keeps its holders (those still alive), or stays unheld (a kernel's own socket);
+    a socket new since is looked for in the processes new since first (a service that
+    restarted holds its own), in every process only if some are still not found. 100 000
+    idle connections on the host make a walk of every fd cost seconds."""
+    held = {pid: inodes & listening for pid, inodes in last.items()
+            if inodes & listening and os.path.exists(f"/proc/{pid}")}
+    new = listening - unheld - set().union(*held.values())
+    for pids in (new_pids, None) if new else ():
+        for pid, inodes in holders(new, pids).items():
+            held[pid] = held.get(pid, set()) | inodes
+        new -= set().union(set(), *held.values())
+        if not new:
+            break
+    return held, (unheld & listening) | new
 
 
 def listening_ports(pid: int, tables: dict, own: int | None,
@@ -308,7 +329,8 @@ class Targeting:
         self.listeners: dict[int, set[int]] = {}            # declared port -> pids, while they stay the same
         self.declared_sockets: dict[int, int] = {}          # listening socket inode -> declared port, in our netns
         self.pid_ports: dict[int, tuple[int | None, set[int]]] = {}   # pid -> (netns, its listening ports), likewise
-        self.own_held: dict[int, set[int]] = {}             # pid -> the listening sockets it holds in our netns, likewise
+        self.own_held: dict[int, set[int]] = {}   # pid -> the listening sockets it holds in our netns, likewise
+        self.unheld: set[int] = set()             # listening sockets in our netns no process holds
         self.other_netns: dict[int, int] = {}               # netns -> one service pid in it, not our own
         return True
 
@@ -375,7 +397,9 @@ class Targeting:
         fresh = inodes != self.listen_inodes
         if fresh:
             self.listen_inodes, self.pid_ports = inodes, {}
-            self.own_held = holders(tables[own].keys()) if self.services else {}
+            new_pids = [int(e.name) for e in os.scandir("/proc")
+                        if e.name.isdigit() and int(e.name) not in self.seen]
+            self.own_held, self.unheld = still_held(self.own_held, self.unheld, set(tables[own]), new_pids)
         declared = {s.port for s in self.services if s.port}
         self.declared_sockets = {inode: port for inode, port in tables[own].items() if port in declared}
         port_inodes = frozenset(self.declared_sockets)
