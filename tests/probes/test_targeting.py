@@ -177,6 +177,9 @@ def test_a_new_listening_socket_is_looked_for_in_new_processes_first(spawn, tag,
     monkeypatch.setattr(targeting_module, "socket_inodes", lambda pid: walked.append(pid) or real(pid))
     second = spawn("http_server", tag, 0.01)
     second.stdout.readline()
-    held, _ = targeting_module.still_held(targeting.own_held, targeting.unheld,
-                                          set(targeting_module.own_listening_table()), [second.pid])
-    assert second.pid in held and first.pid in held and walked == [second.pid]
+    new = targeting._started_since(targeting.walked_at)
+    held, _, walked_all = targeting_module.still_held(targeting.own_held, targeting.unheld,
+                                                      set(targeting_module.own_listening_table()), new)
+    assert second.pid in held and first.pid in held and not walked_all
+    everyone = [e for e in os.listdir("/proc") if e.isdigit()]
+    assert second.pid in walked and sorted(walked) == sorted(new) and len(walked) < len(everyone) / 2

@@ -267,22 +267,24 @@ def holders(inodes, pids=None) -> dict[int, set[int]]:
 
 
 def still_held(last: dict[int, set[int]], unheld: set[int], listening: set[int],
-               new_pids: list[int]) -> tuple[dict[int, set[int]], set[int]]:
-    """(holders(listening), the sockets no process holds) from the last answer: what is still
-    listening keeps its holders (those still alive), or stays unheld (a kernel's own socket);
-    a socket new since is looked for in the processes new since first (a service that
-    restarted holds its own), in every process only if some are still not found. 100 000
-    idle connections on the host make a walk of every fd cost seconds."""
+               new_pids: list[int] | None) -> tuple[dict[int, set[int]], set[int], bool]:
+    """(holders(listening), the sockets no process holds, whether every process was walked)
+    from the last answer: what is still listening keeps its holders (those still alive), or
+    stays unheld (a kernel's own socket); a socket new since is looked for in new_pids first
+    (the processes started since every process was last walked: a service that restarted
+    holds its own), in every process only if some are still not found (or new_pids is None).
+    100 000 idle connections on the host make a walk of every fd cost seconds."""
     held = {pid: inodes & listening for pid, inodes in last.items()
             if inodes & listening and os.path.exists(f"/proc/{pid}")}
-    new = listening - unheld - set().union(*held.values())
-    for pids in (new_pids, None) if new else ():
+    new, walked_all = listening - unheld - set().union(*held.values()), False
+    for pids in ([new_pids, None] if new_pids is not None else [None]) if new else []:
         for pid, inodes in holders(new, pids).items():
             held[pid] = held.get(pid, set()) | inodes
         new -= set().union(set(), *held.values())
+        walked_all = pids is None
         if not new:
             break
-    return held, (unheld & listening) | new
+    return held, (unheld & listening) | new, walked_all
 
 
 def listening_ports(pid: int, tables: dict, own: int | None,
@@ -331,6 +333,7 @@ class Targeting:
         self.pid_ports: dict[int, tuple[int | None, set[int]]] = {}   # pid -> (netns, its listening ports), likewise
         self.own_held: dict[int, set[int]] = {}   # pid -> the listening sockets it holds in our netns, likewise
         self.unheld: set[int] = set()             # listening sockets in our netns no process holds
+        self.walked_at: float | None = None       # when every process's fds were last walked (clock ticks)
         self.other_netns: dict[int, int] = {}               # netns -> one service pid in it, not our own
         return True
 
@@ -377,6 +380,14 @@ class Targeting:
             spent[s.name] = spent.get(s.name, 0.0) + time.perf_counter() - t0
         return frozenset(names)
 
+    @staticmethod
+    def _started_since(ticks: float | None) -> list[int] | None:
+        """The processes started at or after ticks (since boot); None for every one."""
+        if ticks is None:
+            return None
+        return [int(e.name) for e in os.scandir("/proc")
+                if e.name.isdigit() and (ident := stat_identity(int(e.name))) and ident[1] >= ticks]
+
     def port_listeners(self) -> dict[int, set[int]]:
         """Declared port -> pids holding its listening sockets: ports of our own network
         namespace (the host's); a containerised service is found by its other finders, and
@@ -397,9 +408,11 @@ class Targeting:
         fresh = inodes != self.listen_inodes
         if fresh:
             self.listen_inodes, self.pid_ports = inodes, {}
-            new_pids = [int(e.name) for e in os.scandir("/proc")
-                        if e.name.isdigit() and int(e.name) not in self.seen]
-            self.own_held, self.unheld = still_held(self.own_held, self.unheld, set(tables[own]), new_pids)
+            now_ticks = uptime_s() * CLOCK_TICKS
+            self.own_held, self.unheld, walked_all = still_held(self.own_held, self.unheld, set(tables[own]),
+                                                                self._started_since(self.walked_at))
+            if walked_all:
+                self.walked_at = now_ticks - CLOCK_TICKS     # a second's margin for a start being read
         declared = {s.port for s in self.services if s.port}
         self.declared_sockets = {inode: port for inode, port in tables[own].items() if port in declared}
         port_inodes = frozenset(self.declared_sockets)
