@@ -120,9 +120,7 @@ class ControlLoop:
 
     def _put_back_pending(self, sc: ServiceControl, now: float, why: str) -> list[Entry]:
         entries = []
-        for p in list(sc.guard.pending):
-            if sc.actuator is None:
-                break
+        for p in list(sc.guard.pending) if sc.actuator is not None else []:
             p.rollback, p.why = True, p.why or why
             entries += self.bulkheads.run(sc.conf.name, "decide", lambda p=p: self._roll_back(sc, p, now), [])
         return entries
@@ -151,8 +149,8 @@ class ControlLoop:
             if read is not None:
                 del self.reading[sc.conf.name]
                 in_force = self.bulkheads.run(sc.conf.name, "read", lambda: self._took(sc, now, read.result), False)
-            else:
-                in_force = sc.actuator is None or self._refresh(sc, now)
+            else:          # read lately (reachable), or backed off (not): no read was due
+                in_force = sc.control_ok
             if in_force:
                 entries += self.bulkheads.run(sc.conf.name, "decide", lambda sc=sc: self._tick(sc, interval), [])
         return entries

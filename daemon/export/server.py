@@ -20,6 +20,8 @@ import psutil
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from daemon.host.untrusted import inert
+
 log = logging.getLogger(__name__)
 
 MAX_CLIENTS = 256       # open at once: far below LimitNOFILE=4096, far above scrapers
@@ -230,10 +232,10 @@ def port_holder(port: int) -> str:
 
 
 def _command(pid: int) -> str:
-    """The process's command line, shortened and with control characters (it is the holder's to set) made '?'."""
+    """The process's command line, shortened and inert (it is the holder's to set)."""
     try:
         holder = psutil.Process(pid)
         words = " ".join(holder.cmdline()) or holder.name()
     except psutil.Error:
         return "command unknown"
-    return "".join(ch if ch.isprintable() else "?" for ch in words[:80])
+    return inert(words[:80])

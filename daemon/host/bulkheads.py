@@ -14,6 +14,8 @@ from typing import Callable, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from daemon.host.untrusted import inert
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 # What a stage of one service may take before it counts as failed (it is not cut short: Python
@@ -108,5 +110,5 @@ class Bulkheads:
 
 def _short(exc: BaseException) -> str:
     """An exception's message fit for one log line (a service may have put anything in it)."""
-    text = "".join(c if c.isprintable() else "?" for c in " ".join(str(exc).split()))
+    text = inert(" ".join(str(exc).split()))
     return text[:200] + ("..." if len(text) > 200 else "")

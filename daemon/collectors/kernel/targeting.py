@@ -14,7 +14,6 @@ import re
 import time
 from dataclasses import dataclass, field
 
-
 from daemon.model.service import ServiceSpec
 
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -280,7 +279,7 @@ def still_held(last: dict[int, set[int]], unheld: set[int], listening: set[int],
     for pids in ([new_pids, None] if new_pids is not None else [None]) if new else []:
         for pid, inodes in holders(new, pids).items():
             held[pid] = held.get(pid, set()) | inodes
-        new -= set().union(set(), *held.values())
+        new -= set().union(*held.values())
         walked_all = pids is None
         if not new:
             break
