@@ -117,6 +117,32 @@ def bpftrace(script: str, *args) -> subprocess.Popen:
     return tracer
 
 
+def stop(tracer: subprocess.Popen, wait_s: float = 10.0) -> None:
+    """Stops a bpftrace script: SIGTERM, and SIGKILL where it has not ended in wait_s.
+    bpftrace 0.17 on sched_switch beside a busy CPU can leave a SIGTERM unanswered for
+    more than 30 s (CI, 2026-12-06); its printf lines are flushed one by one, so what
+    was printed is on the pipe either way."""
+    tracer.terminate()
+    try:
+        tracer.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        tracer.kill()
+        tracer.wait(timeout=30)
+
+
+def settled(count, quiet_s: float = 0.5, deadline_s: float = 10.0) -> int:
+    """count() once it has not changed for quiet_s (or at deadline_s): lines a tracer
+    had still to print when the traced work ended."""
+    deadline = time.monotonic() + deadline_s
+    last, since = count(), time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - since < quiet_s:
+        time.sleep(0.05)
+        now = count()
+        if now != last:
+            last, since = now, time.monotonic()
+    return last
+
+
 def collected(collector, settle_s: float = 2.0) -> dict:
     """One interval's Sample per service name, taken once every HTTP response the
     services have written is over (up to settle_s): the kernel records a response

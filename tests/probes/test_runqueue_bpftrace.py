@@ -10,7 +10,7 @@ import numpy as np
 
 from daemon.model.service import ServiceSpec
 from tests.probes.agreement import record
-from tests.probes.conftest import bpftrace, collected, hist
+from tests.probes.conftest import bpftrace, collected, hist, settled, stop
 from tests.probes.test_runqueue import SLEEP_S, WORK_S, wait_burning
 
 WAKEUPS = 200
@@ -44,9 +44,9 @@ def test_runqueue_wait_agrees_with_bpftrace(kernel, spawn, tag):
         sleeper.stdin.flush()
         assert sleeper.stdout.readline().strip() == "done"
         ours = hist(collected(collector)["a"].histograms, KEY)
+        settled(lambda: len(theirs))
     finally:
-        tracer.terminate()
-        tracer.wait(timeout=30)
+        stop(tracer)
     reader.join(timeout=10)
     waits = np.array(theirs) / 1e9
     print(f"waits: slotune {ours.count}, bpftrace {len(waits)}; "

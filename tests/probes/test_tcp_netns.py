@@ -29,7 +29,7 @@ import pytest
 from daemon.collectors.kernel.targeting import Targeting
 from daemon.model.service import ServiceSpec
 from tests.probes.agreement import record
-from tests.probes.conftest import bpftrace, collected, hist
+from tests.probes.conftest import bpftrace, collected, hist, stop
 from tests.probes.test_tcp import remove_namespace, sh, veth_namespace
 
 RATE = "10mbit"
@@ -190,8 +190,7 @@ class SrttReader(SrttSamples):
         return self
 
     def __exit__(self, *exc):
-        self.tracer.terminate()
-        self.tracer.wait(timeout=30)
+        stop(self.tracer)
         self.thread.join(timeout=10)
 
     def read(self):
