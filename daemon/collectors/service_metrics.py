@@ -13,7 +13,7 @@ import logging
 import math
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Callable
 
 from daemon.collectors.client_body import Known, Shape, sample_meaning
@@ -30,6 +30,7 @@ MAX_BODY_BYTES = 4 << 20
 MAX_SERIES = 2000          # kept per service, counted as Prometheus does: one per histogram bucket
 NAMES_REMEMBERED = 4096    # per service, whether a family name is one it reads
 SCRAPERS = 16              # services read at once
+READ_WAIT_S = 1.0          # a tick waits this long for the reads of services not late
 # A failing service is read again after FIRST_BACKOFF_S, doubling to MAX_BACKOFF_S: one that times
 # out costs a tick its deadline at most once in 30 s, and one that comes back is read within 30 s.
 FIRST_BACKOFF_S, MAX_BACKOFF_S = 1.0, 30.0
@@ -156,6 +157,18 @@ def _reads(own: tuple[str, ...], profile: profiles.Profile, name: str) -> bool:
     return name in own or profile.wants(name)
 
 
+def parse_body(body: bytes, exposition: str, wanted: Callable[[str], bool], known: Known) -> Parsed | ScrapeError:
+    """A body's wanted series, or why it cannot be read."""
+    try:
+        text = body.decode()
+    except UnicodeDecodeError as exc:
+        return ScrapeError("is not UTF-8", str(exc))
+    try:
+        return read_exposition(text, exposition, wanted, known)
+    except ValueError as exc:
+        return ScrapeError("does not parse", " ".join(str(exc).split())[:200])
+
+
 class ScrapeError(Exception):
     """What was wrong with one service's /metrics this interval, in words (`kind`), and the detail."""
 
@@ -178,12 +191,16 @@ def fetch(url: str, timeout_s: float, max_bytes: int) -> bytes:
 
 
 class ServiceMetricsCollector:
-    """One scrape per service per interval, all at once. A service that does not answer,
-    or answers with what cannot be read (or with what makes anything here raise), is
-    reported once per kind of failure (and again when it comes back), yields no sample
-    and is read again after a back-off (1 s doubling to 30 s), so that a service that
-    keeps timing out does not hold every tick for its deadline; the others are not held
-    up. The first good read after a failure only sets the starting point again."""
+    """One scrape per service per interval, all at once. A tick waits up to READ_WAIT_S
+    for the reads of the services that are not late; a service is late from a read that
+    failed or outlasted that wait until one that did not, and its reads go on beside the
+    ticks, each taken by the first tick after it ends: a trickle or a body slow to parse
+    costs a tick that wait once, not each time it is read. A service that does not
+    answer, or answers with what cannot be read (or with what makes anything here
+    raise), is reported once per kind of failure (and again when it comes back), yields
+    no sample and is read again after a back-off (1 s doubling to 30 s, from when it was
+    asked). The first good read after a failure only sets the starting point again. A
+    read runs on a thread and touches nothing shared."""
     name = "service_metrics"
 
     def __init__(self, timeout_s: float = 0.8):
@@ -199,6 +216,9 @@ class ServiceMetricsCollector:
         self.capped: set[str] = set()             # services reported over MAX_SERIES
         self.retry: dict[str, tuple[float, float]] = {}   # failing service -> (read again at, its back-off)
         self.clock = time.monotonic
+        self.read_wait_s = READ_WAIT_S
+        self.reading: dict[str, tuple[str, float, Future]] = {}   # service -> (url, asked at, its read)
+        self.late: set[str] = set()               # services whose last read failed or outlasted read_wait_s
         self.pool = ThreadPoolExecutor(SCRAPERS, thread_name_prefix="service-metrics")
 
     exports_samples = False    # the services export these series themselves
@@ -232,41 +252,33 @@ class ServiceMetricsCollector:
         self.last = {name: last for name, last in self.last.items() if name in same}
         self.known = {name: known for name, known in self.known.items() if name in same}
         self.retry = {name: r for name, r in self.retry.items() if name in same}
+        self.reading = {name: r for name, r in self.reading.items() if name in same}
+        self.late &= same
 
-    def read(self, service: str, url: str) -> Parsed | ScrapeError:
-        """The service's wanted series, or what was wrong (returned, so one bad service
-        stops nothing else, whatever it makes happen here)."""
-        try:
-            return self._read(service, url)
-        except Exception as exc:     # a fault nobody foresaw is still only this service's
-            return ScrapeError("could not be read", f"{type(exc).__name__}: {exc}"[:200])
+    def read(self, url: str, last: tuple[bytes, Parsed | ScrapeError] | None, exposition: str,
+             wanted: Callable[[str], bool], known: Known) -> tuple[bytes | None, Parsed | ScrapeError, float]:
+        """(the body, the service's wanted series or what was wrong, seconds taken): returned,
+        so one bad service stops nothing else, whatever it makes happen here. last is the
+        service's last (body, answer): the same bytes read the same, a service at rest is
+        not parsed again."""
+        t0 = time.monotonic()
+        body, got = self._read(url, last, exposition, wanted, known)
+        return body, got, time.monotonic() - t0
 
-    def _read(self, service: str, url: str) -> Parsed | ScrapeError:
+    def _read(self, url, last, exposition, wanted, known) -> tuple[bytes | None, Parsed | ScrapeError]:
         try:
             body = fetch(url, self.timeout_s, MAX_BODY_BYTES)
         except ScrapeError as exc:
-            return exc
+            return None, exc
         except TimeoutError:
-            return ScrapeError(f"took longer than {self.timeout_s:g} s", "the answer was not complete in time")
+            return None, ScrapeError(f"took longer than {self.timeout_s:g} s", "the answer was not complete in time")
         except (OSError, http.client.HTTPException, ValueError) as exc:
-            return ScrapeError("cannot be read", str(exc) or type(exc).__name__)
-        last = self.last.get(service)
+            return None, ScrapeError("cannot be read", str(exc) or type(exc).__name__)
+        except Exception as exc:     # a fault nobody foresaw is still only this service's
+            return None, ScrapeError("could not be read", f"{type(exc).__name__}: {exc}"[:200])
         if last is not None and last[0] == body:
-            return last[1]     # the same bytes read the same: a service at rest is not parsed again
-        got = self.parsed(service, body)
-        self.last[service] = (body, got)
-        return got
-
-    def parsed(self, service: str, body: bytes) -> Parsed | ScrapeError:
-        try:
-            text = body.decode()
-        except UnicodeDecodeError as exc:
-            return ScrapeError("is not UTF-8", str(exc))
-        try:
-            return read_exposition(text, self.profile[service].exposition, self.wanted[service],
-                                   self.known.setdefault(service, Known()))
-        except ValueError as exc:
-            return ScrapeError("does not parse", " ".join(str(exc).split())[:200])
+            return body, last[1]
+        return body, parse_body(body, exposition, wanted, known)
 
     def _report(self, service: str, url: str, got: Parsed | ScrapeError) -> None:
         if isinstance(got, ScrapeError):
@@ -288,20 +300,39 @@ class ServiceMetricsCollector:
 
     def collect(self, start: float, end: float) -> list[Sample]:
         now = self.clock()
-        urls = {name: url for name, url in self.urls.items() if now >= self.retry.get(name, (0.0, 0.0))[0]}
-        answers = dict(zip(urls, self.pool.map(self.read, urls, urls.values())))
+        for name, url in self.urls.items():
+            if name not in self.reading and now >= self.retry.get(name, (0.0, 0.0))[0]:
+                known = self.known.setdefault(name, Known())
+                self.reading[name] = url, now, self.pool.submit(
+                    self.read, url, self.last.get(name), self.profile[name].exposition, self.wanted[name], known)
+        wait([f for name, (*_, f) in self.reading.items() if name not in self.late], timeout=self.read_wait_s)
+        answers = []     # (service, url, asked at, answer) of each read that has ended
+        for name, (url, at, future) in list(self.reading.items()):
+            if not future.done():
+                self.late.add(name)
+                continue
+            del self.reading[name]
+            body, got, took = future.result()
+            if body is not None:
+                self.last[name] = (body, got)
+            (self.late.add if took > self.read_wait_s else self.late.discard)(name)
+            answers.append((name, url, at, got))
+        return self._samples(start, end, answers)
+
+    def _samples(self, start: float, end: float, answers) -> list[Sample]:
         out = []
-        for service, got in answers.items():
+        for service, url, at, got in answers:
             if not isinstance(got, ScrapeError):
                 try:
                     sample = self._delta(service, start, end, got)
                 except Exception as exc:
                     got = ScrapeError("could not be turned into signals", f"{type(exc).__name__}: {exc}"[:200])
-            self._report(service, urls[service], got)
+            self._report(service, url, got)
             if isinstance(got, ScrapeError):
+                self.late.add(service)
                 self.previous.pop(service, None)
                 backoff = min(self.retry.get(service, (0.0, FIRST_BACKOFF_S / 2))[1] * 2, MAX_BACKOFF_S)
-                self.retry[service] = (now + backoff, backoff)
+                self.retry[service] = (at + backoff, backoff)   # from when it was asked
                 continue
             self.retry.pop(service, None)
             if sample is not None:

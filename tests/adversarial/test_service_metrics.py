@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from daemon.collectors.service_metrics import MAX_SERIES, ServiceMetricsCollector, parse_stub_status
+from daemon.collectors.service_metrics import MAX_SERIES, READ_WAIT_S, ServiceMetricsCollector, parse_stub_status
 from daemon.profiles import reference
 from daemon.model.service import ServiceSpec
 from tests.conftest import ROOT
@@ -102,8 +102,11 @@ BAD = {
 }
 
 
-def collector_for(*servers) -> ServiceMetricsCollector:
+def collector_for(*servers, wait_s: float = 30.0) -> ServiceMetricsCollector:
+    """A collector of these (name, server)s whose collect() waits up to wait_s for the reads
+    (the daemon's ticks wait READ_WAIT_S): a test whose subject is not that wait sees every read."""
     c = ServiceMetricsCollector()
+    c.read_wait_s = wait_s
     c.start([ServiceSpec(name, metrics_url=f"http://127.0.0.1:{server.port}/metrics",
                          latency_metric="api_request_duration_seconds") for name, server in servers])
     return c
@@ -113,23 +116,31 @@ def collector_for(*servers) -> ServiceMetricsCollector:
 def test_one_bad_service_beside_a_healthy_one(serve, caplog, kind):
     answer, words = BAD[kind]
     good, bad = serve(answer_with(healthy)), serve(answer)
-    collector = collector_for(("good", good), ("bad", bad))
+    collector = collector_for(("good", good), ("bad", bad), wait_s=READ_WAIT_S)
     try:
         with caplog.at_level(logging.WARNING, logger="daemon.collectors.service_metrics"):
-            took = []
-            for _ in range(3):
+            took, samples = [], []
+
+            def said():
+                return [r.getMessage() for r in caplog.records if "service bad" in r.getMessage()]
+            deadline = time.monotonic() + collector.timeout_s + 10.0
+            while (not said() or len(samples) < 3) and time.monotonic() < deadline:
                 t0 = time.monotonic()
-                samples = collector.collect(0.0, 1.0)
+                samples.append(collector.collect(0.0, 1.0))
                 took.append(time.monotonic() - t0)
-        assert [s.service for s in samples] == ["good"]
-        good_sample = samples[0]
-        latency = good_sample.histograms[("api_request_duration_seconds", "outcome=ok")]
-        assert latency.count == 2 and latency.total_s == pytest.approx(0.55)
-        assert good_sample.counters == {("api_tool_calls_total", "outcome=ok,tool=search"): 3.0}
-        assert good_sample.gauges == {("api_inflight_requests", ""): 7.0}
-        assert max(took) < collector.timeout_s + 1.0, took      # one deadline for the whole read
-        said = [r.getMessage() for r in caplog.records if "service bad" in r.getMessage()]
-        assert len(said) == 1, said                              # once, not every interval
+            samples.append(collector.collect(0.0, 1.0))      # once more: said once, not every interval
+        # Every tick has the good service's sample (its first read sets the starting point) and
+        # none waits for the bad one's read longer than READ_WAIT_S: it goes on beside the ticks.
+        assert all([s.service for s in tick] in ([], ["good"]) for tick in samples), samples
+        assert sum(map(len, samples)) >= 2, samples
+        for good_sample in (tick[0] for tick in samples if tick):
+            latency = good_sample.histograms[("api_request_duration_seconds", "outcome=ok")]
+            assert latency.count == 2 and latency.total_s == pytest.approx(0.55)
+            assert good_sample.counters == {("api_tool_calls_total", "outcome=ok,tool=search"): 3.0}
+            assert good_sample.gauges == {("api_inflight_requests", ""): 7.0}
+        assert max(took) < READ_WAIT_S + 0.5, took
+        said = said()
+        assert len(said) == 1, said
         assert f"http://127.0.0.1:{bad.port}/metrics" in said[0] and words in said[0]
         assert not [r for r in caplog.records if "service good" in r.getMessage()]
     finally:
@@ -145,6 +156,9 @@ def test_a_service_that_keeps_timing_out_is_read_again_only_after_its_back_off(s
         for _ in range(16):      # 16 ticks of 1 s: read at 0, 1 (+1 s), 3 (+2 s), 7 (+4 s), 15 (+8 s)
             samples = collector.collect(now[0], now[0] + 1.0)
             now[0] += 1.0
+            deadline = time.monotonic() + collector.timeout_s + 10.0
+            while not all(f.done() for *_, f in collector.reading.values()) and time.monotonic() < deadline:
+                time.sleep(0.01)     # a late read goes on beside the ticks: a tick of 1 s outlasts it
         assert len(slow.requests) == 5 and len(good.requests) == 16
         assert [s.service for s in samples] == ["good"]
     finally:
@@ -223,3 +237,27 @@ def test_every_suffix_the_readers_look_for_is_kept():
                       and isinstance(arg.value, str) and re.fullmatch(r"_[a-z0-9_]+", arg.value)}
     read = {"_" + signal for signal in reference.PROFILE.signals}
     assert looked_up and looked_up <= read, looked_up - read
+
+
+def test_a_late_service_holds_a_tick_once_then_its_reads_go_on_beside_the_ticks(serve):
+    # The chaos bench's trickling services held a tick 0.8 s each time their back-off let them
+    # be read again, and a healthy service's tuner missed its interval. Now a tick waits only for
+    # services whose last read was on time; a late one's read is taken when it ends.
+    good, slow = serve(answer_with(healthy)), serve(trickle(True))
+    collector = collector_for(("good", good), ("slow", slow), wait_s=READ_WAIT_S)
+    now = [0.0]
+    collector.clock = lambda: now[0]
+    took, served = [], []
+    try:
+        deadline = time.monotonic() + 30.0
+        while len(slow.requests) < 4 and time.monotonic() < deadline:
+            t0 = time.monotonic()
+            served.append([s.service for s in collector.collect(now[0], now[0] + 1.0)])
+            took.append(time.monotonic() - t0)
+            now[0] += 1.0       # its back-off runs on this clock: read again soon, as often as may be
+    finally:
+        collector.close()
+    assert len(slow.requests) >= 4, took
+    assert took[0] >= collector.timeout_s                 # the first read of each is waited for
+    assert max(took[1:]) < 0.5, took                      # never again for the slow one
+    assert all(s in ([], ["good"]) for s in served) and served.count(["good"]) >= len(served) - 2, served
