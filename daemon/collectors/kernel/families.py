@@ -20,8 +20,11 @@ SIGNAL_NAMES = {i: name for name, i in SIGNAL_IDS.items()}
 
 
 def make_families(names: list[str] | None = None) -> list[Family]:
+    """The families named (all where None), in FAMILIES order whatever order they are
+    named in: a family's C calls hooks of those before it (`probes = ["http", "tls"]`
+    did not compile), and one named twice is built once."""
     names = list(FAMILIES) if names is None else names
     unknown = [n for n in names if n not in FAMILIES]
     if unknown:
         raise ValueError(f"unknown probe family {', '.join(unknown)}; known: {', '.join(FAMILIES)}")
-    return [FAMILIES[n]() for n in names]
+    return [family() for name, family in FAMILIES.items() if name in names]
