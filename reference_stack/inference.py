@@ -2,7 +2,9 @@
 default): POST /generate {"prompt", "max_new_tokens"?} runs the decoder through
 the request-level dynamic batcher and answers {"text", "tokens", "batch_size",
 "queue_wait_s"}. llm: OpenAI-compatible completions over continuous batching
-(reference_stack/llm/). CUDA when torch sees a GPU, CPU otherwise."""
+(reference_stack/llm/). CUDA when torch sees a GPU, CPU otherwise. generate
+--paced: no model, each batch timed by a clock (reference_stack/paced.py), for a
+capacity that is the same on every host."""
 from __future__ import annotations
 
 import argparse
@@ -17,6 +19,7 @@ from . import faults
 from .batcher import Batcher
 from .llm import server as llm_server
 from .model import Generator, ModelConfig, pick_device
+from .paced import Pace
 from .ports import port
 from .service import common_arguments, json_error, load_settings, make_app, serve, token_file
 from .settings import Setting
@@ -56,6 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-tokens", type=int, default=llm_server.KV_CACHE_TOKENS,
                         help=f"llm: the KV cache's capacity in tokens over all sequences (default "
                              f"{llm_server.KV_CACHE_TOKENS}); when full, the newest sequence is preempted")
+    parser.add_argument("--paced", metavar="STEP_MS,PER_SEQ_MS[,JITTER]", default=None,
+                        help="generate: no model; a batch takes its longest answer's tokens x (STEP_MS + "
+                             "PER_SEQ_MS x its size) ms of a clock, times 1 + JITTER x a seeded normal draw: "
+                             "a capacity that is the same on every host (tests)")
     parser.add_argument("--served-model-name", default=llm_server.SERVED_MODEL_NAME,
                         help=f"llm: the model name requests must give (default {llm_server.SERVED_MODEL_NAME})")
 
@@ -74,15 +81,21 @@ def build_app(args) -> web.Application:
     except ValueError as e:
         raise SystemExit(f"inference: {e}") from None
     if llm:
+        if args.paced:
+            raise SystemExit("inference: --paced is for --mode generate")
         return llm_server.build_app(args, cfg, device, load_settings(llm_server.SETTINGS + [BLOCKING_IO], args))
-    return _generate_app(args, cfg, device)
+    try:
+        pace = Pace.parse(args.paced) if args.paced else None
+    except ValueError as e:
+        raise SystemExit(f"inference: {e}") from None
+    return _generate_app(args, cfg, device, pace)
 
 
 def _given(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
-def _generate_app(args, cfg: ModelConfig, device: torch.device) -> web.Application:
+def _generate_app(args, cfg: ModelConfig, device: torch.device, pace: Pace | None) -> web.Application:
     settings = load_settings(SETTINGS, args)
     request_time = Histogram("inference_request_duration_seconds", "time from request to answer", buckets=LATENCY_BUCKETS)
     queue_wait = Histogram("inference_queue_wait_seconds", "time a request waits for its batch to start",
@@ -91,12 +104,14 @@ def _generate_app(args, cfg: ModelConfig, device: torch.device) -> web.Applicati
                            buckets=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128))
     batch_compute = Histogram("inference_batch_compute_seconds", "model time per batch", buckets=LATENCY_BUCKETS)
     tokens_total = Counter("inference_tokens_total", "tokens generated")
-    generator = Generator(cfg, device)
+    generator = Generator(cfg, device) if pace is None else None
     gpu_memory = (Gauge("inference_gpu_memory_bytes", "CUDA memory the model server holds "
-                        "(torch.cuda.memory_reserved)") if device.type == "cuda" else None)
+                        "(torch.cuda.memory_reserved)") if device.type == "cuda" and pace is None else None)
     scratch = args.run_dir / f"inference-{args.port}.blocking"
 
     def run_batch(payloads):
+        if pace is not None:
+            return pace.run([max(1, min(n, cfg.max_new_tokens)) for _, n in payloads])   # as the model does
         outs = generator.generate([p for p, _ in payloads], [n for _, n in payloads])
         if gpu_memory is not None:
             torch.cuda.synchronize(device)
@@ -122,13 +137,14 @@ def _generate_app(args, cfg: ModelConfig, device: torch.device) -> web.Applicati
         tokens_total.inc(len(done.result))
         queue_wait.observe(done.queue_wait_s)
         request_time.observe(time.monotonic() - started)
-        return web.json_response({"text": generator.decode(done.result), "tokens": len(done.result),
-                                  "batch_size": done.batch_size, "queue_wait_s": done.queue_wait_s,
-                                  "device": str(device)})
+        text = "x" * len(done.result) if generator is None else generator.decode(done.result)
+        return web.json_response({"text": text, "tokens": len(done.result), "batch_size": done.batch_size,
+                                  "queue_wait_s": done.queue_wait_s, "device": "paced" if pace else str(device)})
 
     async def start():
         args.run_dir.mkdir(parents=True, exist_ok=True)
-        generator.generate(["warm up"], [2])
+        if generator is not None:
+            generator.generate(["warm up"], [2])
         batcher.start()
 
     app = make_app("inference", settings, token_file(args), start, batcher.stop)

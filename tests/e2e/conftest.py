@@ -2,7 +2,6 @@
 stack: a config writer, a running-daemon handle, and the stack fixture."""
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 import subprocess
@@ -15,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from daemon.demo.stack_config import for_reference_stack
-from reference_stack import launcher, loadgen
+from reference_stack import launcher
 from reference_stack.client import StackClient
+from reference_stack.paced import Pace
 from tests.conftest import ROOT
 
 
@@ -29,22 +29,11 @@ def daemon_config(state: dict, exporter_port: int, work: Path, *, gateway_slo_ms
                                environment="test")
 
 
-def capacity(stack: StackClient) -> float:
-    """Full answers per second under 8 closed-loop clients, on the stack's settings as they
-    are; the caches this warmed are flushed after, so that a step sized by it starts cold."""
-    answered = asyncio.run(loadgen.closed_loop(stack.state["query_url"], 8, 4.0, seed=3))
-    assert answered, "the stack answered nothing while its capacity was measured"
-    stack.admin("gateway", "POST", {"level": "all"}, path="/admin/cache/flush")
-    return len(answered) / 4.0
-
-
-def step_slo_s(most_s: float, limit: int, capacity: float, share: float) -> float:
-    """A gateway SLO a load step past `capacity` breaks: most_s, or `share` of the wait of
-    `limit` queries at `capacity` where that is less. The starting concurrency limit holds
-    the step's latency near that wait, so on a fast host a fixed SLO was never broken
-    (2026-12-06 clean-clone CI: the closed loop's P99 peaked at 0.77 s against 0.8 with
-    64 in flight at 89 q/s; the degrade step's throttle never saw 1 s broken with 32)."""
-    return min(most_s, share * limit / capacity)
+# Paced capacity (reference_stack/paced.py): the stack's inference server times its batches by a
+# clock, so a load step at a multiple of PACE.capacity() is that multiple on any host, busy or
+# quiet. Answers are 12 tokens (ANSWER_TOKENS, the model's default), degraded ones fewer.
+PACE = Pace.parse(launcher.PACED[1])
+ANSWER_TOKENS = 12
 
 
 def daemon_table(exporter_port: int, work: Path, probes: tuple[str, ...]) -> str:
@@ -125,9 +114,9 @@ def daemon_factory(tmp_path):
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    """The default model (so that load can pass its capacity), batch 1 to start with."""
+    """Paced capacity (PACE), batch 1 to start with."""
     cfg = launcher.StackConfig.on_free_ports(
-        tmp_path_factory.mktemp("e2e-stack"),
+        tmp_path_factory.mktemp("e2e-stack"), inference_args=launcher.PACED,
         settings={"inference": {"max_batch_size": 1}, "gateway": {"concurrency_limit": 64}})
     state = launcher.start(cfg)
     try:

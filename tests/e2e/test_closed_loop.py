@@ -1,26 +1,21 @@
 """The whole loop: a load step past capacity makes the daemon's throttle and
 batch tuners push new settings to the real stack and bring P99 back under the
-SLO; less load relaxes them; --dry-run pushes nothing. The step is sized by the
-capacity measured at the start (a fixed 60 req/s was 1.5 x it on a slower host
-and 1.1 x it on a faster one, 2026-12-05, where P99 peaked at 0.75 s, under the SLO)."""
+SLO; less load relaxes them; --dry-run pushes nothing. The stack's capacity is
+paced (tests/e2e/conftest.py PACE): the step is 1.5 x what batch 1 serves on any
+host, so P99 breaks the SLO by construction (64 queries in flight wait 4 s)."""
 import re
 import threading
 import time
 
-import pytest
-
 from reference_stack import loadgen
-from tests.e2e.conftest import capacity, daemon_config, step_slo_s
+from tests.e2e.conftest import ANSWER_TOKENS, PACE, daemon_config
 
 TUNERS_GATEWAY = "[services.gateway.tuners.throttle]\ninterval_s = 1.0\n"
 TUNERS_INFERENCE = "[services.inference.tuners.batch]\ninterval_s = 3.0\n"
 HIGH_X, HIGH_S, LOW_X, LOW_S = 1.5, 36.0, 0.15, 20.0     # load steps, times the capacity
 START_LIMIT = 64     # the gateway's concurrency limit as the stack starts
-
-
-def slo_s(rate: float) -> float:
-    """0.8 s, or 0.6 of what START_LIMIT queries wait at this capacity (step_slo_s)."""
-    return round(step_slo_s(0.8, START_LIMIT, rate, 0.6), 2)
+RATE = PACE.capacity(1, ANSWER_TOKENS)     # the stack's capacity at batch 1: 15 answers/s
+SLO_S = 0.8
 
 
 def drive(stack, daemon, phases):
@@ -43,20 +38,14 @@ def drive(stack, daemon, phases):
     return trace
 
 
-@pytest.fixture(scope="module")
-def rate(stack) -> float:
-    """The stack's capacity at its starting settings (batch 1, limit 64), measured once."""
-    return capacity(stack)
-
-
-def test_load_step_pushes_settings_brings_p99_back_and_relaxes(stack, daemon_factory, fresh_settings, rate):
-    slo = slo_s(rate)
+def test_load_step_pushes_settings_brings_p99_back_and_relaxes(stack, daemon_factory, fresh_settings):
+    rate, slo = RATE, SLO_S
     d = daemon_factory(lambda port, work: daemon_config(stack.state, port, work, gateway_slo_ms=round(slo * 1e3),
                                                   gateway_tuners=TUNERS_GATEWAY, inference_tuners=TUNERS_INFERENCE))
     trace = drive(stack, d, [(HIGH_X * rate, HIGH_S), (LOW_X * rate, LOW_S)])
     high = [r for r in trace if r["t"] < HIGH_S]
     low = [r for r in trace if r["t"] >= HIGH_S + 5]
-    print(f"capacity {rate:.1f} q/s, SLO {slo} s; P99 each second:", [r["gateway_p99"] and round(r["gateway_p99"], 2)
+    print(f"paced capacity {rate:.1f} q/s, SLO {slo} s; P99 each second:", [r["gateway_p99"] and round(r["gateway_p99"], 2)
                                                                       for r in trace])
     assert max(r["gateway_p99"] or 0 for r in high[:15]) > slo, "the step never pushed P99 over the SLO"
     late = [r["gateway_p99"] for r in high[-8:] if r["gateway_p99"] is not None]
@@ -71,12 +60,11 @@ def test_load_step_pushes_settings_brings_p99_back_and_relaxes(stack, daemon_fac
     assert all(bounds[e["setting"]][0] <= e["new"] <= bounds[e["setting"]][1] for e in pushed)
 
 
-def test_dry_run_decides_but_pushes_nothing(stack, daemon_factory, fresh_settings, rate):
-    d = daemon_factory(lambda port, work: daemon_config(stack.state, port, work,
-                                                        gateway_slo_ms=round(slo_s(rate) * 1e3),
+def test_dry_run_decides_but_pushes_nothing(stack, daemon_factory, fresh_settings):
+    d = daemon_factory(lambda port, work: daemon_config(stack.state, port, work, gateway_slo_ms=round(SLO_S * 1e3),
                                                         gateway_tuners=TUNERS_GATEWAY,
                                                         inference_tuners=TUNERS_INFERENCE), "--dry-run")
-    drive(stack, d, [(HIGH_X * rate, 12.0)])
+    drive(stack, d, [(HIGH_X * RATE, 12.0)])
     outcomes = {e["outcome"] for e in d.audit()}
     assert "dry-run" in outcomes and "pushed" not in outcomes
     assert stack.settings("gateway")["concurrency_limit"] == START_LIMIT
@@ -85,13 +73,13 @@ def test_dry_run_decides_but_pushes_nothing(stack, daemon_factory, fresh_setting
     assert re.search(r'slotune_tuner_decisions_total\{[^}]*outcome="dry_run"[^}]*\} [1-9]', d.metrics())
 
 
-def test_a_gateway_with_no_concurrency_limit_is_not_given_one(stack, daemon_factory, fresh_settings, rate):
+def test_a_gateway_with_no_concurrency_limit_is_not_given_one(stack, daemon_factory, fresh_settings):
     """The gateway's own 0 = no limit: the throttle stops, saying why, and pushes nothing
     (it used to read 0 as a binding limit of 1 and push the bound's minimum, 2)."""
     stack.patch("gateway", concurrency_limit=0)
     d = daemon_factory(lambda port, work: daemon_config(stack.state, port, work, gateway_slo_ms=800,
                                                         gateway_tuners=TUNERS_GATEWAY))
-    trace = drive(stack, d, [(0.5 * rate, 8.0)])
+    trace = drive(stack, d, [(0.5 * RATE, 8.0)])
     assert {r["limit"] for r in trace} == {0}, "the gateway was given a concurrency limit"
     audit = d.audit()
     assert not [e for e in audit if e["outcome"] == "pushed"]

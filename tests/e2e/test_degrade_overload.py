@@ -1,5 +1,5 @@
 """The dimmer against an overload step on the real stack: the same step at 1.5 x the
-stack's measured capacity, once with the throttle alone and once with the degrade tuner
+stack's paced capacity (tests/e2e/conftest.py PACE: the same on any host), once with the throttle alone and once with the degrade tuner
 beside it (each a real `slotune run`, closed loop); once the tuners have acted (the step's
 second half) the dimmer answers degraded where the throttle alone refuses with 429, P99
 ends under the SLO, and when the load drops degrade_ratio goes back to 0. The daemon runs
@@ -15,16 +15,11 @@ import pytest
 
 from reference_stack import launcher, loadgen
 from reference_stack.client import StackClient
-from tests.e2e.conftest import capacity, daemon_config, step_slo_s
+from tests.e2e.conftest import ANSWER_TOKENS, PACE, daemon_config
 
 START_LIMIT = 32     # the gateway's concurrency limit as the stack starts
-
-
-def slo_ms(capacity: float) -> float:
-    """1 s, or what START_LIMIT queries wait at this capacity (step_slo_s): with a fixed 1 s
-    the throttle alone raised its limit and refused less than the dimmer's run (107 late
-    refusals against 192 in a clean-clone CI run on 2026-12-06)."""
-    return round(step_slo_s(1.0, START_LIMIT, capacity, 1.0) * 1e3)
+CAPACITY = PACE.capacity(1, ANSWER_TOKENS)   # full answers a second at batch 1: 15
+SLO_MS = 1000        # START_LIMIT full answers in flight wait 2.1 s: the step breaks it by construction
 
 
 THROTTLE = "[services.gateway.tuners.throttle]\ninterval_s = 1.0\n"
@@ -34,10 +29,10 @@ STEP_S, LOW_S = 18.0, 8.0
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    """The default model at batch 1: a full answer (tools, 12 tokens) costs several degraded
-    ones (no tools, 1 token), so the stack carries the step degraded but not in full."""
+    """Paced, at batch 1: a full answer (tools, 12 tokens: 66 ms) costs 12 degraded ones (no
+    tools, 1 token), so the stack carries the step degraded but not in full."""
     cfg = launcher.StackConfig.on_free_ports(
-        tmp_path_factory.mktemp("degrade-stack"),
+        tmp_path_factory.mktemp("degrade-stack"), inference_args=launcher.PACED,
         settings={"inference": {"max_batch_size": 1},
                   "gateway": {"concurrency_limit": START_LIMIT, "degrade_max_tokens": 1}})
     state = launcher.start(cfg)
@@ -74,15 +69,14 @@ def run_step(stack, daemon, rate: float, low_s: float = 0.0) -> tuple[list, list
 
 
 def test_the_dimmer_answers_an_overload_step_degraded_where_the_throttle_alone_refuses(stack, daemon_factory):
-    measured = capacity(stack)
-    rate, slo = 1.5 * measured, slo_ms(measured)
+    rate, slo = 1.5 * CAPACITY, SLO_MS
 
     def config(tuners):
         return lambda port, work: daemon_config(stack.state, port, work, gateway_slo_ms=slo,
                                                 gateway_tuners=tuners).replace("[daemon]\n", "[daemon]\nprobes = []\n")
 
-    # Both runs start from flushed caches (capacity() flushes what it warmed): warm, the first
-    # answered many queries from them and its step was barely an overload (2 refusals of 324).
+    # Both runs start from cold caches: warm, the tools cost nothing and the first run's answers
+    # come sooner.
     alone = daemon_factory(config(THROTTLE), name="throttle-alone")
     records, trace_alone = run_step(stack, alone, rate)
     refused_alone = late_refusals(records)
@@ -94,15 +88,14 @@ def test_the_dimmer_answers_an_overload_step_degraded_where_the_throttle_alone_r
     records, trace = run_step(stack, dimmed, rate, LOW_S)
     outcomes = [r.outcome for r in records]
     for name, t in (("throttle alone", trace_alone), ("with the dimmer", trace)):
-        print(f"{name}, capacity {measured:.1f} q/s, SLO {slo:.0f} ms: (s, P99, degrade_ratio, limit)",
+        print(f"{name}, paced capacity {CAPACITY:.1f} q/s, SLO {slo:.0f} ms: (s, P99, degrade_ratio, limit)",
               [(round(s), p and round(p, 2), round(r, 2), lim) for s, p, r, lim in t])
     half = sum(r.t_s >= STEP_S / 2 for r in records)
     assert refused_alone >= 0.1 * half, f"the throttle alone refused only {refused_alone} of {half} late in the step"
     assert late_refusals(records) <= refused_alone / 2, (late_refusals(records), refused_alone,
                                                          [t[2:] for t in trace], [t[2:] for t in trace_alone])
-    # degrading is what took the refusals' place: a sixth of the run at least (0.18 to 0.46 in nine
-    # runs on 2026-12-03, the low one a clean-clone CI run; the step's first seconds come before
-    # any tuner acts, and how many they are moves with the capacity measured on a shared host)
+    # degrading is what took the refusals' place: a sixth of the run at least (the step's first
+    # seconds come before any tuner acts; carrying 1.5 x capacity takes a degrade_ratio of 0.36)
     assert outcomes.count("degraded") >= 0.15 * len(outcomes), f"the dimmer degraded {outcomes.count('degraded')}"
     late = [p99 for t, p99, _, _ in trace if STEP_S - 6 <= t < STEP_S and p99 is not None]
     assert late and float(np.median(late)) <= slo / 1e3, f"gateway P99 late in the step: {late}"

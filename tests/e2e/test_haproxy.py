@@ -1,5 +1,6 @@
 """slotune tunes a real HAProxy (Debian's 2.6) in front of the reference inference
-server (request-level /generate, one request per batch) with the config `slotune
+server (request-level /generate, one request per batch, paced: tests/e2e/conftest.py
+PACE, so its capacity is the same on any host) with the config `slotune
 discover --write` makes for HAProxy's frontend port (its stats socket, the server's
 maxconn target and bounds read from haproxy.cfg, the SLO from --slo-ms); the test
 adds only the [daemon] table. A load step past the server's capacity makes the
@@ -11,9 +12,7 @@ the first raise came 1 to 3 s after the drop; LOW_S leaves room). The throttle o
 HAProxy itself: the latency from the kernel (the http probe family on HAProxy's
 frontend port: its exporter keeps no histogram), the requests in flight from its
 exporter (profile haproxy: backend current sessions, queued ones included).
-Requests HAProxy cannot hand to the server within 20 ms get its 503 (timeout queue).
-It needs a host that is not saturated: there the server's capacity drifts between its
-measurement and the step, and its own time reads as queueing to the throttle."""
+Requests HAProxy cannot hand to the server within 20 ms get its 503 (timeout queue)."""
 import asyncio
 import math
 import random
@@ -27,27 +26,13 @@ from daemon import config
 from reference_stack import launcher
 from tests.actuators.real_servers import haproxy
 from tests.conftest import run_slotune
-from tests.e2e.conftest import daemon_table
+from tests.e2e.conftest import ANSWER_TOKENS, PACE, daemon_table
 from tests.stack.conftest import one_service
 
 SLO_MS, QUEUE_TIMEOUT_MS = 600, 20
 HIGH_S, LOW_S = 22.0, 12.0
-HIGH_X, LOW_X = 2.0, 0.4     # the load steps, times the capacity measured on this host at the start
-# (the drop to 0.4 leaves room for the capacity to drift down on a busy host: at 0.7 it was gone in one run)
-
-
-async def _capacity(url: str, seconds: float = 3.0, concurrency: int = 4) -> float:
-    """Requests per second the server answers through HAProxy, closed loop."""
-    answered, end = 0, time.monotonic() + seconds
-    async with aiohttp.ClientSession() as session:
-        async def worker():
-            nonlocal answered
-            while time.monotonic() < end:
-                async with session.post(url, json={"prompt": "a short prompt"}) as r:
-                    await r.read()
-                    answered += r.status == 200
-        await asyncio.gather(*[worker() for _ in range(concurrency)])
-    return answered / seconds
+HIGH_X, LOW_X = 2.0, 0.4     # the load steps, times the server's paced capacity
+CAPACITY = PACE.capacity(1, ANSWER_TOKENS)    # 15 answers/s at batch 1
 
 
 async def _load(url: str, phases, out: list) -> None:
@@ -82,14 +67,11 @@ def discovered(hp, path) -> str:
 def test_load_step_lowers_haproxy_maxconn_and_brings_p99_back(tmp_path, daemon_factory, root_only):
     inference_port = launcher.free_ports(1)[0]
     with one_service(["inference", "--port", str(inference_port), "--run-dir", str(tmp_path / "stack"),
-                      "--set", "max_batch_size=1"], f"http://127.0.0.1:{inference_port}/healthz"):
-        capacity = asyncio.run(_capacity(f"http://127.0.0.1:{inference_port}/generate"))
+                      "--set", "max_batch_size=1", *launcher.PACED], f"http://127.0.0.1:{inference_port}/healthz"):
+        capacity = CAPACITY
         # HAProxy's server starts with room for twice the SLO's worth of work (its latency is about
-        # the requests in it over its capacity), so the step pushes P99 over the SLO on a quiet
-        # host too (with a fixed 16, a host serving 42 req/s stayed at 529 ms; capped at 64, hosts
-        # serving 101-112 req/s peaked at 614-664 ms, too near the SLO for the throttle to bring
-        # P99 down by a quarter).
-        start = int(min(256, max(8, round(2 * SLO_MS / 1e3 * capacity))))
+        # the requests in it over its capacity): 18 in flight wait 1.2 s, so the step breaks the SLO.
+        start = round(2 * SLO_MS / 1e3 * capacity)
         with haproxy(tmp_path / "haproxy", inference_port, maxconn=start, queue_timeout_ms=QUEUE_TIMEOUT_MS) as hp:
             written = tmp_path / "discovered.toml"
             name = discovered(hp, written)
@@ -119,8 +101,7 @@ def test_load_step_lowers_haproxy_maxconn_and_brings_p99_back(tmp_path, daemon_f
           f"{np.quantile(late, .99) * 1e3:.0f} ms ({len(late)} answers), 503s "
           f"{sum(status == 503 for _, _, status in records)} of {len(records)}, after the drop "
           f"{low.count(503)} of {len(low)}")
-    assert np.quantile(early, 0.99) > SLO_MS / 1e3, "the step never pushed P99 over the SLO (was the capacity " \
-                                                    "measured while the host was busier?)"
+    assert np.quantile(early, 0.99) > SLO_MS / 1e3, "the step never pushed P99 over the SLO"
     step = [s for t, s, _ in trace if t < HIGH_S]
     after = [s for t, s, _ in trace if t >= HIGH_S]
     # at least as far as its largest cut (x0.5, rounded up) takes it in one window
