@@ -27,3 +27,14 @@ def test_unknown_subcommand_is_refused_with_the_choices():
     result = run_slotune("frobnicate")
     assert result.returncode == 2
     assert "invalid choice: 'frobnicate'" in result.stderr and "doctor" in result.stderr
+
+
+def test_each_part_of_make_demo_keeps_its_own_report():
+    # `make demo` runs `slotune demo` then `slotune demo --llm`: both wrote /tmp/slotune-demo/report.html.
+    import argparse
+    from daemon.commands import demo
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    dirs = {demo.default_run_dir(parser.parse_args(argv)) for argv in ([], ["--llm"], ["--fleet", "3"])}
+    assert len(dirs) == 3
+    assert parser.parse_args(["--run-dir", "/x"]).run_dir.as_posix() == "/x"

@@ -16,8 +16,10 @@ EXAMPLES = """  slotune demo                                 # about 3.5 minutes
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--run-dir", type=Path, default=Path("/tmp/slotune-demo"),
-                        help="where the stack, the daemon's files and the report go (default: %(default)s)")
+    parser.add_argument("--run-dir", type=Path, default=None,
+                        help="where the stack, the daemon's files and the report go (default: /tmp/slotune-demo, "
+                             "/tmp/slotune-demo-llm with --llm, /tmp/slotune-demo-fleet with --fleet: each part "
+                             "of `make demo` keeps its own report)")
     parser.add_argument("--capacity", type=float, default=None,
                         help="the stack's capacity in queries/s; the load steps to 1.5x it "
                              "(default: measured at the start, 10 s of closed-loop clients)")
@@ -32,7 +34,13 @@ def add_arguments(parser) -> None:
                              "one Prometheus; one host is slowed and raises SlotuneHostOutlier (docs/fleet.md)")
 
 
+def default_run_dir(args) -> Path:
+    """Each kind of demo its own folder: `make demo`'s two parts keep their own reports."""
+    return Path("/tmp/slotune-demo" + ("-fleet" if args.fleet is not None else "-llm" if args.llm else ""))
+
+
 def run(args) -> int:
+    args.run_dir = args.run_dir or default_run_dir(args)
     if (args.capacity is not None and args.capacity <= 0) or args.scale <= 0:
         print("slotune demo: --capacity and --scale must be > 0", file=sys.stderr)
         return 2
