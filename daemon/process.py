@@ -16,6 +16,7 @@ from collections import defaultdict
 from prometheus_client import CollectorRegistry
 
 from daemon import config as config_mod
+from daemon import profiles
 from daemon.attribution import explain as attribution
 from daemon.collectors.gpu.collector import NvmlCollector
 from daemon.collectors.kernel.collector import RESCAN_S, KernelCollector
@@ -50,6 +51,20 @@ CLOCK_STEP_S = 1.0         # the wall clock moving this much against the monoton
 RESTART_ONLY = ("exporter_address", "audit_log", "baseline_store", "state_file", "collect_interval_s", "probes",
                 "bpf_map_entries", "export")
 
+
+
+LATENCY_SIGNALS = ("request_duration_seconds", "request_duration_mean_seconds")
+
+
+def untimed_downstreams(services, probes) -> list[str]:
+    """One line per `downstream` that can never be a cause: a service with no request
+    timing, neither a latency of its own /metrics nor the http probe family (which times
+    HTTP/1 only: a Redis or gRPC service found by port is not timed by it either)."""
+    timed = {s.name for s in services if "http" in probes or (s.spec.metrics_url and (
+        s.spec.latency_metric or any(sig in profiles.get(s.spec.profile).signals for sig in LATENCY_SIGNALS)))}
+    return [f"service {s.name}: downstream {dep} has no request timing, so it cannot be named as a cause: give "
+            f"{dep} a metrics_url with its latency histogram (latency_metric), or turn on the http probe family "
+            f"if it speaks HTTP/1" for s in services for dep in s.downstream if dep not in timed]
 
 class Daemon:
     def __init__(self, cfg: config_mod.Config, dry_run: bool = False, collectors=None, restore_on_exit=False):
@@ -122,6 +137,8 @@ class Daemon:
         self._report_health()
         self.server = MetricsServer(self.cfg.exporter_address, self.cfg.exporter_host_port, self.registry,
                                     lambda: self.shown)
+        for line in untimed_downstreams(self.cfg.services, self.cfg.probes):
+            log.warning("%s", line)
         mode = "dry-run (decides, pushes nothing)" if self.dry_run else "closed loop"
         log.info("slotune running: %d service(s), %s, metrics on http://%s/metrics",
                  len(self.cfg.services), mode, self.cfg.exporter_address)

@@ -158,6 +158,40 @@ def test_too_few_windows_say_warming_up_and_name_no_cause():
     assert e.shares == {} and e.top_cause == "" and e.confidence == 0.0
 
 
+def test_a_service_that_talks_but_is_never_timed_says_why_not_warming_up():
+    # A Redis found by port, watched by the http family: TCP traffic, no request it can time.
+    # It said "warming up" for ever, so its caller could never name it.
+    talking = {("tcp_rtt", "app"): per_event(0.001)}
+    silent = [Window("redis", t, t + 1.0, 0.5, None, "", histograms=dict(talking)) for t in range(12)]
+    e = explain("redis", {"redis": silent}, recent_s=1.0)
+    assert "no request timed" in e.verdict and "HTTP/1" in e.verdict and "warming up" not in e.verdict
+    idle = [Window("redis", t, t + 1.0, 0.5, None, "") for t in range(12)]
+    assert "warming up" in explain("redis", {"redis": idle}, recent_s=1.0).verdict   # idle: nothing to time yet
+
+
+def test_a_downstream_nothing_times_is_said_at_start(tmp_path):
+    from daemon import config
+    from daemon.process import untimed_downstreams
+    text = """[services.app]
+cmdline = "app"
+slo_p99_ms = 100
+downstream = ["redis", "api"]
+[services.redis]
+port = 6379
+slo_p99_ms = 10
+[services.api]
+cmdline = "api"
+slo_p99_ms = 50
+metrics_url = "http://127.0.0.1:9/metrics"
+latency_metric = "api_request_duration_seconds"
+"""
+    (tmp_path / "slotune.toml").write_text(text)
+    cfg = config.load(tmp_path / "slotune.toml")
+    lines = untimed_downstreams(cfg.services, ("runqueue", "tcp"))
+    assert len(lines) == 1 and "downstream redis has no request timing" in lines[0]
+    assert untimed_downstreams(cfg.services, ("http", "tcp")) == []
+
+
 def test_transport_causes_read_tls_handshakes_and_retransmits_per_request():
     calm = {("tls_handshake", ""): per_event(0.0001, 1), ("tcp_rtt", "inference"): per_event(0.003)}
     hand = {("tls_handshake", ""): per_event(0.5), ("tcp_rtt", "inference"): per_event(0.003)}

@@ -609,6 +609,11 @@ class _Explainer:
         name = f"{service}{' ' + what if what else ''}"
         timed = [w for w in _ending_in(windows, self.now - self.horizon_s, math.inf)
                  if (_timed(w, what.lower()) if what else w.requests)]
+        talking = [w for w in windows if any(sig == "tcp_rtt" and h.count for (sig, _), h in w.histograms.items())]
+        if not what and not timed and len(talking) > MIN_BASELINE_SPANS:
+            return Explanation(service, f"{name}: {len(talking)} windows with TCP traffic but no request timed: its "
+                                        f"protocol is none the http family times (HTTP/1), and its own metrics give "
+                                        f"no latency", what=what)
         if timed and timed[-1].end <= self.now - self.recent_s and len(timed) > MIN_BASELINE_SPANS:
             queued = causes.waiting(windows[-1])
             return Explanation(service, f"{name}: no request timed in the last {self.recent_s:g} s"
