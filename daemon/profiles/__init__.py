@@ -69,7 +69,7 @@ class Histogram:
 class Gauge:
     """Gauges, added per label set (running + waiting = in flight)."""
     names: tuple[str, ...]
-    where: tuple[tuple[str, str], ...] = ()   # only the series with these label values
+    where: tuple[tuple[str, str | tuple[str, ...]], ...] = ()   # only the series with these label values
     scale: float = 1.0
 
     def families(self) -> tuple[str, ...]:
@@ -86,7 +86,7 @@ def total(name: str) -> str:
 class Counter:
     """A cumulative counter, as the product's documentation names it."""
     name: str
-    where: tuple[tuple[str, str], ...] = ()
+    where: tuple[tuple[str, str | tuple[str, ...]], ...] = ()   # label -> its value, or one of several
 
     def families(self) -> tuple[str, ...]:
         return (total(self.name),)
@@ -192,7 +192,8 @@ class Profile:
 
 
 def _matches(label: str, where) -> bool:
-    return all(labels.value(label, k) == v for k, v in where)
+    """Whether the label set has each key of `where` at its value (or one of its values, a tuple)."""
+    return all(labels.value(label, k) in (v if isinstance(v, tuple) else (v,)) for k, v in where)
 
 
 def _without(label: str, where) -> str:

@@ -3,8 +3,10 @@
 (https://docs.vllm.ai/en/latest/usage/metrics.html) and the V1 metrics design
 (https://docs.vllm.ai/en/latest/design/metrics.html): the TPOT histogram is
 vllm:inter_token_latency_seconds (vllm:time_per_output_token_seconds before V1); KV
-use is vllm:kv_cache_usage_perc, a 0..1 fraction despite its name; an aborted request
-(request_success_total{finished_reason="abort"}) counts as an error. Its scheduler
+use is vllm:kv_cache_usage_perc, a 0..1 fraction despite its name; a request that
+finished aborted or in error (request_success_total{finished_reason="abort"|"error"})
+counts as an error; vllm:iteration_tokens_total is a histogram (tokens per engine
+step) despite its name, and vllm:num_preemptions_total counts preemptions. Its scheduler
 limits are launch flags (vllm serve --max-num-seqs, --max-num-batched-tokens), so
 slotune recommends them; admission is throttled at a proxy in front (admission_by)."""
 from daemon.profiles import Counter, Gauge, Histogram, Profile, Setting
@@ -23,7 +25,9 @@ PROFILE = Profile(
         "inflight_requests": Gauge(("vllm:num_requests_running", "vllm:num_requests_waiting")),
         "kv_cache_usage_ratio": Gauge(("vllm:kv_cache_usage_perc",)),
         "requests_total": Counter("vllm:request_success_total"),
-        "errors_total": Counter("vllm:request_success_total", (("finished_reason", "abort"),)),
+        "errors_total": Counter("vllm:request_success_total", (("finished_reason", ("abort", "error")),)),
+        "num_preemptions_total": Counter("vllm:num_preemptions_total"),
+        "iteration_tokens": Histogram(("vllm:iteration_tokens_total",)),
     },
     settings=(
         Setting("max_num_seqs", "", "--max-num-seqs", live=False),

@@ -18,7 +18,8 @@ def vllm(n: int) -> str:
     """https://docs.vllm.ai/en/latest/usage/metrics.html and docs/design/metrics.md (V1):
     per interval 10 requests end to end (9 under 0.5 s, 1 under 2.5 s), TTFT 9 under 0.1 s and
     1 under 1 s, 100 token gaps under 0.05 s, queue time 10 under 0.02 s; 3 running and
-    4 waiting; KV 0.42 used; 9 finished "stop", 1 "abort"."""
+    4 waiting; KV 0.42 used; 9 finished "stop", 1 "abort", 1 "error"; 2 preemptions; 40 engine
+    steps of at most 8 tokens (vllm:iteration_tokens_total, a histogram despite its name)."""
     m = 'model_name="meta-llama/Llama-3.1-8B-Instruct"'
     return (hist("vllm:e2e_request_latency_seconds", m, [0.3, 0.5, 0.8, 1.0, 2.5], [0, 9 * n, 9 * n, 9 * n, 10 * n, 10 * n], 5.0 * n)
             + hist("vllm:time_to_first_token_seconds", m, [0.04, 0.1, 0.5, 1.0], [0, 9 * n, 9 * n, 10 * n, 10 * n], 1.2 * n)
@@ -31,6 +32,9 @@ def vllm(n: int) -> str:
             + f'vllm:request_success_total{{finished_reason="stop",{m}}} {9 * n}\n'
             + f'vllm:request_success_total{{finished_reason="length",{m}}} 0\n'
             + f'vllm:request_success_total{{finished_reason="abort",{m}}} {n}\n'
+            + f'vllm:request_success_total{{finished_reason="error",{m}}} {n}\n'
+            + f"# TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total{{{m}}} {2 * n}\n"
+            + hist("vllm:iteration_tokens_total", m, [1.0, 8.0, 16.0], [10 * n, 40 * n, 40 * n, 40 * n], 200.0 * n)
             + "# TYPE vllm:generation_tokens_total counter\n"
             + f"vllm:generation_tokens_total{{{m}}} {110 * n}\n")
 

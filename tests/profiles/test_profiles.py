@@ -104,8 +104,11 @@ def test_vllm_from_its_documented_metrics(stand_in):
     assert value(s.gauges, "vllm_num_requests_waiting") == 4
     assert value(s.gauges, "vllm_inflight_requests") == 7
     assert value(s.gauges, "vllm_kv_cache_usage_ratio") == pytest.approx(0.42)
-    assert value(s.counters, "vllm_errors_total") == 1          # finished_reason="abort" only
-    assert sum(v for (f, _), v in s.counters.items() if f == "vllm_requests_total") == 10
+    assert value(s.counters, "vllm_errors_total") == 2          # finished_reason "abort" and "error"
+    assert sum(v for (f, _), v in s.counters.items() if f == "vllm_requests_total") == 11
+    assert value(s.counters, "vllm_num_preemptions_total") == 2
+    steps = hist(s, "vllm_iteration_tokens")
+    assert steps.count == 40 and steps.quantile(0.99) <= 8
     assert not any(f.startswith("vllm:") for f, _ in [*s.histograms, *s.gauges, *s.counters])
 
 
@@ -177,11 +180,13 @@ def test_litellm_latency_and_ttft(stand_in):
 
 
 def test_the_reference_profile_keeps_its_families_names(stand_in):
-    text = lambda n: ("# TYPE inference_queue_wait_seconds histogram\n"
-                      f'inference_queue_wait_seconds_bucket{{le="0.01"}} {n}\n'
-                      f'inference_queue_wait_seconds_bucket{{le="+Inf"}} {n}\n'
-                      f"inference_queue_wait_seconds_sum {0.005 * n}\ninference_queue_wait_seconds_count {n}\n"
-                      "# TYPE inference_unread gauge\ninference_unread 1\n")
+    def text(n):
+        return ("# TYPE inference_queue_wait_seconds histogram\n"
+                f'inference_queue_wait_seconds_bucket{{le="0.01"}} {n}\n'
+                f'inference_queue_wait_seconds_bucket{{le="+Inf"}} {n}\n'
+                f"inference_queue_wait_seconds_sum {0.005 * n}\ninference_queue_wait_seconds_count {n}\n"
+                "# TYPE inference_unread gauge\ninference_unread 1\n")
+
     s = one_interval("reference", stand_in(text))
     assert hist(s, "inference_queue_wait_seconds").count == 1 and not s.gauges
 
@@ -231,7 +236,10 @@ def haproxy(tmp_path):
 
 def test_haproxy_real_exporter(haproxy):
     front = f"http://127.0.0.1:{haproxy.port}"
-    sent = lambda: [get(f"{front}/ok") for _ in range(7)] + [get(f"{front}/fail") for _ in range(2)]
+
+    def sent():
+        return [get(f"{front}/ok") for _ in range(7)] + [get(f"{front}/fail") for _ in range(2)]
+
     s = one_interval("haproxy", haproxy.metrics_url, between=sent)
     assert value(s.counters, "haproxy_requests_total") == 9
     assert value(s.counters, "haproxy_errors_total") == 2              # code="5xx" only
@@ -249,7 +257,9 @@ def nginx(tmp_path):
 
 
 def test_nginx_real_stub_status(nginx):
-    sent = lambda: [get(f"http://127.0.0.1:{nginx.port}/slow") for _ in range(5)]
+    def sent():
+        return [get(f"http://127.0.0.1:{nginx.port}/slow") for _ in range(5)]
+
     s = one_interval("nginx", f"http://127.0.0.1:{nginx.port}/nginx_status", between=sent)
     assert value(s.counters, "nginx_requests_total") == 6             # the 5, and the second scrape itself
     assert value(s.gauges, "nginx_inflight_requests") == 1            # the scrape, being written
