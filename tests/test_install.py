@@ -148,12 +148,14 @@ slo_p99_ms = 250
                 break
             except OSError:
                 time.sleep(0.3)
-        time.sleep(3)    # a few collection intervals
-        if status is not None:
+        while status is not None and time.monotonic() < deadline + 30 and daemon.poll() is None:
             with urllib.request.urlopen(f"http://127.0.0.1:{exporter_port}/status", timeout=5) as resp:
                 status = json.loads(resp.read())
             with urllib.request.urlopen(f"http://127.0.0.1:{exporter_port}/metrics", timeout=5) as resp:
                 metrics = resp.read().decode()
+            if re.search(r'^slotune_collector_up\{collector="kernel"\} 0', metrics, re.M):
+                break        # what the test reads has been exported
+            time.sleep(0.3)
         still_running = daemon.poll() is None
     finally:
         if daemon.poll() is None:

@@ -71,8 +71,9 @@ def test_a_bad_config_on_sighup_keeps_the_running_one(watched, bad, reason):
 def test_a_policy_switch_on_sighup_starts_the_tuner_afresh(watched):
     d, double, work, port = watched
     (work / "slotune.toml").write_text(config(double, port, work, policy="vegas"))
+    decided = len(d.audit())
     hup_and_settle(d, 0, "config reloaded")
-    time.sleep(3)   # three decisions of the new policy
+    wait(lambda: len(d.audit()) >= decided + 3, 30, "three decisions of the new policy")
     assert d.proc.poll() is None
     log = d.log()
     assert "interval failed" not in log and "Traceback" not in log, log[-2000:]
@@ -82,9 +83,12 @@ def test_dry_run_on_sighup_stops_every_push(watched):
     d, double, work, port = watched
     (work / "slotune.toml").write_text(config(double, port, work, dry_run=True))
     hup_and_settle(d, 0, "dry-run is now on")
-    time.sleep(1.0)              # a push already on its way when the signal came
-    before = double.pushed()
-    time.sleep(4)
+
+    def dry():
+        return sum("dry" in e["outcome"] for e in d.audit())
+    wait(lambda: dry() >= 1, 30, "a decision under dry_run")    # a push on its way at the signal has landed
+    before, decided = double.pushed(), len(d.audit())
+    wait(lambda: len(d.audit()) >= decided + 3, 30, "three more decisions under dry_run")
     assert double.pushed() == before, "the daemon kept pushing after dry_run = true was reloaded"
     outcomes = [e["outcome"] for e in d.audit()[-3:]]
     assert any("dry" in o for o in outcomes), outcomes

@@ -13,6 +13,7 @@ from tests.probes.conftest import collected, hist
 SLEEP_S = 0.04
 KEY = ("http_request", "")
 ARRIVED = ("http_arrived", "")
+HANDLER_S = 3.0       # the handler of the arrivals test: its requests wait this long for an answer
 
 
 def test_request_latency_median_and_exact_count(kernel, spawn, tag):
@@ -58,7 +59,7 @@ def test_a_service_that_only_talks_gets_no_requests(kernel, spawn, tag):
 def test_requests_are_counted_as_they_arrive_not_when_answered(kernel, spawn, tag):
     """A stalled server's load is seen while it stalls: requests read count in the
     interval they came in, before any answer, and once only."""
-    server = spawn("http_server", tag, 1.5)
+    server = spawn("http_server", tag, HANDLER_S)
     port = int(server.stdout.readline())
     collector = kernel([ServiceSpec("web", cmdline=f"http_server.py {tag}")], ["http"])
     collected(collector)
@@ -73,16 +74,20 @@ def test_requests_are_counted_as_they_arrive_not_when_answered(kernel, spawn, ta
     clients = [threading.Thread(target=ask) for _ in range(6)]
     for c in clients:
         c.start()
-    time.sleep(0.7)                                # all read, none answered (the handler sleeps 1.5 s)
-    during = {s.service: s for s in collector.collect(0.0, 0.0)}["web"]
+    arrived = answered = 0                         # intervals' counts while the handler sleeps
+    deadline = time.monotonic() + HANDLER_S - 0.5
+    while arrived < len(clients) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        during = {s.service: s for s in collector.collect(0.0, 0.0)}["web"]
+        arrived += during.counters.get(ARRIVED, 0)
+        answered += hist(during.histograms, KEY).count
     for c in clients:
         c.join()
     after = collected(collector)["web"]
-    print(f"while they wait: {during.counters.get(ARRIVED, 0):.0f} arrived, "
-          f"{hist(during.histograms, KEY).count} answered; after: {after.counters.get(ARRIVED, 0):.0f} arrived, "
-          f"{hist(after.histograms, KEY).count} answered")
+    print(f"while they wait: {arrived:.0f} arrived, {answered} answered; after: "
+          f"{after.counters.get(ARRIVED, 0):.0f} arrived, {hist(after.histograms, KEY).count} answered")
     record("HTTP requests counted as they arrive, before their answer (Python http.server)",
-           "the requests the client sent", during.counters.get(ARRIVED, 0), len(clients), "requests", "exact")
+           "the requests the client sent", arrived, len(clients), "requests", "exact")
     assert answers == [b"ok\n"] * 6
-    assert during.counters.get(ARRIVED) == 6 and hist(during.histograms, KEY).count == 0
+    assert arrived == 6 and answered == 0
     assert ARRIVED not in after.counters and hist(after.histograms, KEY).count == 6
