@@ -279,7 +279,7 @@ def uvicorn_app(args, work: Path) -> Target:
         except OSError:
             if time.time() > deadline or app.poll() is not None:
                 app.kill()
-                raise RuntimeError("the uvicorn app did not start listening within 60 s")
+                raise RuntimeError("the uvicorn app did not start listening within 60 s") from None
             time.sleep(0.2)
     (work / "slotune.toml").write_text(
         daemon_table(exporter, work) + f'[services.app]\ncmdline = "uvicorn bench.thirdparty_app:app --port {port}"\nport = {port}\n'

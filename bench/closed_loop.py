@@ -145,7 +145,7 @@ def run_arm(arm: str, profile: str, rnd: int, capacity: float, oracle: dict, qui
             stop_daemon(daemon)
         launcher.stop(cfg.run_dir)
     audit = run_dir / "audit.jsonl"
-    decisions = sum(json.loads(l)["outcome"] == "pushed" for l in audit.read_text().splitlines() if l) \
+    decisions = sum(json.loads(line)["outcome"] == "pushed" for line in audit.read_text().splitlines() if line) \
         if audit.exists() else 0
     return Run(arm, profile, rnd, records, sum(s for _, s, _ in segments), trace, decisions)
 

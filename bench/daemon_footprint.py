@@ -118,7 +118,7 @@ def wait_up(url: str, proc: subprocess.Popen) -> None:
             return
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the daemon did not come up (exit {proc.poll()})")
+                raise SystemExit(f"the daemon did not come up (exit {proc.poll()})") from None
             time.sleep(0.5)
 
 

@@ -196,7 +196,8 @@ class Fleet:
             except OSError:
                 if h.procs[0].poll() is not None or time.monotonic() > deadline:
                     log = (h.work / "daemon.log").read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"slotune on {h.name} did not come up; {h.work / 'daemon.log'} ends:\n{log}")
+                    raise RuntimeError(f"slotune on {h.name} did not come up; {h.work / 'daemon.log'} ends:\n"
+                                       f"{log}") from None
                 time.sleep(0.5)
 
     def _prometheus(self) -> None:

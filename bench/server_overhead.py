@@ -414,7 +414,7 @@ def nginx_rounds(args, work: Path) -> list[str]:
             url = nginx.url(handler)
             wrk(url, 1, client_cpu)        # warm up
 
-            def measure():
+            def measure(url=url):
                 c0 = cpu_s(nginx.worker)
                 rps = wrk(url, args.seconds, client_cpu)
                 return rps, 1e6 * (cpu_s(nginx.worker) - c0) / (rps * args.seconds)

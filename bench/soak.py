@@ -149,7 +149,7 @@ def run_soak(args, work: Path) -> int:
                 print(f"{now / 60:>5.1f} m  {offered:>11.1f}  {last.rss_mib:>7.1f}  {last.fds:>4}  {last.threads:>7}  "
                       f"{hups:>4}  {text.count(RELOADED):>7}  {restarts:>8}  "
                       f"{audit_figures(work / 'audit.jsonl')[0]:>6}  "
-                      f"{sum(l.startswith('Traceback') for l in text.splitlines()):>10}", flush=True)
+                      f"{sum(line.startswith('Traceback') for line in text.splitlines()):>10}", flush=True)
                 next_line += 60.0
             time.sleep(max(0.05, min(next_sample, next_line, next_hup if args.hup_every_s else duration,
                                      next_restart if args.restart_every_s else duration, duration)
@@ -181,7 +181,7 @@ def stop(daemon: subprocess.Popen) -> int:
 def report(args, work, samples, ran_s, duration, rate, hups, restarts, downtimes, records, exit_status,
            died) -> int:
     text = (work / "daemon.log").read_text(errors="replace")
-    tracebacks = [i for i, l in enumerate(text.splitlines()) if l.startswith("Traceback")]
+    tracebacks = [i for i, line in enumerate(text.splitlines()) if line.startswith("Traceback")]
     entries, parsed, outcomes = audit_figures(work / "audit.jsonl")
     reloads, refused = text.count(RELOADED), text.count(REFUSED)
     steady_from = min(HISTORY_S, duration / 4)

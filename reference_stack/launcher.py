@@ -135,8 +135,8 @@ def commands(cfg: StackConfig, files: dict[str, Path]) -> dict[str, list[str]]:
                        "--appendonly", "no", "--dir", str(cfg.run_dir), "--daemonize", "no"],
              "inference": py + ["inference", "--port", str(cfg.inference_port), *common,
                                 *_set_flags(cfg.settings.get("inference", {})), *cfg.inference_args]}
-    for name, port in cfg.tool_ports.items():
-        procs[name] = py + ["tool", "--name", name, "--port", str(port), *common,
+    for name, tool_port in cfg.tool_ports.items():
+        procs[name] = py + ["tool", "--name", name, "--port", str(tool_port), *common,
                             *_set_flags(cfg.settings.get(name, {}))]
     procs["sidecar"] = py + ["sidecar", "--port", str(cfg.sidecar_port), "--admin-port", str(cfg.sidecar_admin_port),
                              "--upstream", f"http://127.0.0.1:{cfg.inference_port}", "--cert", str(files["cert"]),

@@ -255,7 +255,10 @@ def _run_llm(args) -> int:
                                         bad_share=args.bad_share, seed=args.seed)
     except ValueError as e:
         raise SystemExit(f"load: {e}") from None
-    ms = lambda v: None if v is None else v / 1000
+
+    def ms(v):
+        return None if v is None else v / 1000
+
     print(llm_load.format_llm_summary(llm_load.summarize_llm(records, args.duration, ms(args.slo_ttft_ms),
                                                              ms(args.slo_tpot_ms))))
     if args.csv:

@@ -69,7 +69,10 @@ class Block(nn.Module):
         """x: [N, D], the new tokens of every sequence one after another (lengths[i] of sequence i);
         caches[i]: (k, v) of [H, S_i, Dh] or None. Each token attends over its own sequence only."""
         d = x.shape[1]
-        heads = lambda z, t: z.view(t, self.n_heads, d // self.n_heads).transpose(0, 1)
+
+        def heads(z, t):
+            return z.view(t, self.n_heads, d // self.n_heads).transpose(0, 1)
+
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
         outs, new_caches = [], []
         for qi, ki, vi, cache, t in zip(q.split(lengths), k.split(lengths), v.split(lengths), caches, lengths):

@@ -273,7 +273,7 @@ def test_the_attribute_table_lists_causes_by_share_with_evidence_and_path():
     table = render("gateway", json.loads(json.dumps(e.as_status())))     # as /status carries it
     lines = table.splitlines()
     assert lines[0] == e.verdict
-    rows = [l for l in lines if l.startswith(("downstream:", "runqueue_wait", "blocking_syscalls"))]
+    rows = [line for line in lines if line.startswith(("downstream:", "runqueue_wait", "blocking_syscalls"))]
     assert rows[0].startswith("downstream:inference")
     assert "rest (noise, unexplained)" in table
     assert lines[-1].startswith("path: gateway: downstream:inference") and "inference: runqueue_wait" in lines[-1]

@@ -19,8 +19,8 @@ def test_every_subcommand_help_ends_with_examples(command):
     result = run_slotune(command, "--help")
     assert result.returncode == 0, result.stderr
     tail = result.stdout[result.stdout.index("examples:"):]
-    example_lines = [l for l in tail.splitlines()[1:] if l.strip()]
-    assert example_lines and all(l.strip().startswith(("slotune", "sudo slotune")) for l in example_lines)
+    example_lines = [line for line in tail.splitlines()[1:] if line.strip()]
+    assert example_lines and all(line.strip().startswith(("slotune", "sudo slotune")) for line in example_lines)
 
 
 def test_unknown_subcommand_is_refused_with_the_choices():

@@ -60,7 +60,7 @@ def test_overload_pushes_the_whitepaper_decrease_within_the_largest_step(tmp_pat
     assert [e.outcome for e in entries] == ["pushed"]
     assert pushed(path) == 95.0           # tuner wanted 90 (x0.9), the step allows 5
     assert "tuner wanted 90" in entries[0].reason
-    lines = [json.loads(l) for l in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     assert lines[0]["old"] == 100.0 and lines[0]["new"] == 95.0 and lines[0]["outcome"] == "pushed"
 
 
@@ -208,10 +208,10 @@ def test_the_audit_log_keeps_the_outcome_words_its_readers_match_and_the_detail_
     control.tick(Interval.at(1.0, {"api": history}))
     history.append(window(2.0, 0.5))
     control.tick(Interval.at(2.0, {"api": history}))
-    lines = [json.loads(l) for l in (tmp_path / "audit.jsonl").read_text().splitlines()]
-    assert [(l["outcome"], l["detail"]) for l in lines] == [
+    lines = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert [(e["outcome"], e["detail"]) for e in lines] == [
         ("pushed", ""), ("rolled back", ""), ("held", "rolled back recently")]
-    assert [Outcome(l["outcome"]).label for l in lines] == ["pushed", "rolled_back", "held"]
+    assert [Outcome(e["outcome"]).label for e in lines] == ["pushed", "rolled_back", "held"]
 
 
 def test_a_decision_reads_rounded_where_a_person_reads_it_and_exact_in_the_log():

@@ -55,7 +55,8 @@ def token(args) -> str:
         try:
             return args.token_file.read_text().strip()
         except OSError as exc:
-            raise SystemExit(f"slotune dashboards push: cannot read --token-file {args.token_file}: {exc.strerror}")
+            raise SystemExit(f"slotune dashboards push: cannot read --token-file {args.token_file}: "
+                             f"{exc.strerror}") from None
     if not args.token:
         raise SystemExit("slotune dashboards push: no token: pass --token, --token-file or set $GRAFANA_TOKEN "
                          "(Grafana: Administration > Service accounts > add a token with the Editor role)")

@@ -71,12 +71,12 @@ def table(samples) -> str:
     highest bucket filled) and per counter."""
     lines = [f"{'service':<14} {'signal':<16} {'label':<10} {'count':>8} {'p50':>10} {'p99':>10} {'max':>10}"]
     for s in samples:
-        for (signal, label), h in sorted(s.histograms.items()):
+        for (sig, label), h in sorted(s.histograms.items()):
             top = slot_bounds(h.hi - 1)[1] / 1e9
-            lines.append(f"{s.service:<14} {signal:<16} {label:<10} {h.count:>8} "
+            lines.append(f"{s.service:<14} {sig:<16} {label:<10} {h.count:>8} "
                          f"{fmt(h.quantile(0.5)):>10} {fmt(h.quantile(0.99)):>10} {fmt(top):>10}")
-        for (signal, label), v in sorted(s.counters.items()):
-            lines.append(f"{s.service:<14} {signal:<16} {label:<10} {v:>8.0f}")
+        for (sig, label), v in sorted(s.counters.items()):
+            lines.append(f"{s.service:<14} {sig:<16} {label:<10} {v:>8.0f}")
         if not s.histograms and not s.counters:
             lines.append(f"{s.service:<14} (nothing this interval; {s.gauges.get(('processes', ''), 0):.0f} processes)")
     return "\n".join(lines)
@@ -105,7 +105,7 @@ def run(args) -> int:
     try:
         families = make_families(args.family)
     except ValueError as exc:
-        raise SystemExit(f"--family: {exc}")
+        raise SystemExit(f"--family: {exc}") from None
     if args.list:
         print(listing(families))
         return 0

@@ -148,7 +148,8 @@ class ControlLoop:
                 continue          # still reading: decided once the read ends
             if read is not None:
                 del self.reading[sc.conf.name]
-                in_force = self.bulkheads.run(sc.conf.name, "read", lambda: self._took(sc, now, read.result), False)
+                in_force = self.bulkheads.run(sc.conf.name, "read",
+                                              lambda sc=sc, read=read: self._took(sc, now, read.result), False)
             else:          # read lately (reachable), or backed off (not): no read was due
                 in_force = sc.control_ok
             if in_force:

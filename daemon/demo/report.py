@@ -132,7 +132,7 @@ def _shares_plot(outcomes: list[tuple[float, str]], t0: float, phases: list[tupl
     fig, ax = plt.subplots(figsize=(9, 2.5))
     ax.plot(ts, [r / n if n else 0.0 for r, n in zip(refused, sent)], color="tab:red", label="refused (429)")
     ax.plot(ts, [d / n if n else 0.0 for d, n in zip(degraded, sent)], color="tab:orange", label="degraded")
-    for t, label in phases:
+    for t, _ in phases:
         ax.axvline(t - t0, color="tab:purple", alpha=0.3)
     ax.set_ylim(0, 1)
     ax.set_ylabel(f"share of queries sent ({bin_s:.0f} s)")

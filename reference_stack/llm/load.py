@@ -156,7 +156,10 @@ def summarize_llm(records: list[LlmRecord], duration_s: float, slo_ttft_s: float
     """Rates, TTFT / inter-token gap / TPOT / e2e quantiles of completed requests, status counts, and
     goodput: completed requests per second that meet every SLO given (DistServe's definition)."""
     done = [r for r in records if r.ok]
-    q = lambda xs, p: float(np.quantile(xs, p)) if len(xs) else math.nan
+
+    def q(xs, p):
+        return float(np.quantile(xs, p)) if len(xs) else math.nan
+
     ttft = [r.ttft_s for r in done]
     gaps = [g for r in done for g in r.gaps_s]
     tpot = [r.tpot_s for r in done if r.output_tokens > 1]
@@ -175,7 +178,9 @@ def summarize_llm(records: list[LlmRecord], duration_s: float, slo_ttft_s: float
 
 
 def format_llm_summary(s: dict) -> str:
-    ms = lambda key: f"{s[key] * 1000:.1f}"
+    def ms(key):
+        return f"{s[key] * 1000:.1f}"
+
     return (f"offered {s['offered_rps']:.1f} req/s, completed {s['completed_rps']:.1f} req/s, goodput "
             f"{s['goodput_rps']:.1f} req/s, {s['output_tokens_per_s']:.0f} tokens/s\n"
             f"TTFT P50 {ms('ttft_p50_s')} ms P99 {ms('ttft_p99_s')} ms; inter-token P50 {ms('itl_p50_s')} ms "

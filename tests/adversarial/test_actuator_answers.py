@@ -188,7 +188,7 @@ def test_any_http_answer_gives_each_http_actuator_only_actuator_errors(tmp_path,
     key_file.write_text("sk-1234\n")
     with mock.patch.object(http_json, "exchange", lambda *args, **kwargs: (status, "", answer)):
         for actuator, changes in http_actuators(str(key_file)):
-            only_actuator_errors(actuator.current, lambda: actuator.push(changes))
+            only_actuator_errors(actuator.current, lambda actuator=actuator, changes=changes: actuator.push(changes))
 
 
 @FUZZ_FILES
@@ -203,7 +203,8 @@ def test_any_settings_file_gives_only_actuator_errors(tmp_path, contents):
 HAPROXY_LINES = st.sampled_from(["# pxname,svname,slim", "# pxname,svname,qcur,slim", "be,s1,5", "be,s1,", "be,s1",
                                  "be", "Name: HAProxy", "Maxconn: 7", "Maxconn: 99999999999", "Maxconn: ",
                                  '"be",s1,"5', "\x00", "x" * 200, ""])
-HAPROXY_ANSWERS = st.binary(max_size=300) | st.lists(HAPROXY_LINES, max_size=6).map(lambda l: "\n".join(l).encode())
+HAPROXY_ANSWERS = st.binary(max_size=300) | st.lists(HAPROXY_LINES, max_size=6).map(
+    lambda lines: "\n".join(lines).encode())
 
 
 @FUZZ_FILES

@@ -27,7 +27,7 @@ def parsed(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_a_full_disk_leaves_the_audit_file_as_it_was(small_disk, root_only):
+def test_a_full_disk_leaves_the_audit_file_as_it_was(small_disk, root_only):  # noqa: F811
     audit = AuditLog(small_disk / "audit.jsonl")
     try:
         audit.write_all(entries())            # a first decision: its page has room left after it

@@ -55,7 +55,7 @@ def run_workload(collector, worker) -> None:
 
 
 @pytest.mark.kernel
-def test_full_maps_are_counted_and_said_once_and_the_collector_goes_on(kernel, spawn, tag, caplog):
+def test_full_maps_are_counted_and_said_once_and_the_collector_goes_on(kernel, spawn, tag, caplog):  # noqa: F811
     collector = kernel([ServiceSpec("spreader", cmdline=f"spreader.py {tag}")], FAMILIES, SHRUNK)
     worker = spawn("spreader", tag, SLEEPS, CHILDREN)
     with caplog.at_level(logging.WARNING, logger="daemon.collectors.kernel.map_full"):
@@ -78,7 +78,7 @@ def test_full_maps_are_counted_and_said_once_and_the_collector_goes_on(kernel, s
 
 
 @pytest.mark.kernel
-def test_default_sizes_drop_nothing_under_the_same_workload(kernel, spawn, tag):
+def test_default_sizes_drop_nothing_under_the_same_workload(kernel, spawn, tag):  # noqa: F811
     collector = kernel([ServiceSpec("spreader", cmdline=f"spreader.py {tag}")], FAMILIES)
     run_workload(collector, spawn("spreader", tag, SLEEPS, CHILDREN))
     assert lost(collector) == dict.fromkeys(REFUSING, 0.0)

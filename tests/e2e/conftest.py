@@ -64,7 +64,7 @@ class RunningDaemon:
 
     def audit(self) -> list[dict]:
         path = self.work / "audit.jsonl"
-        return [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
     def log(self) -> str:
         return (self.work / "daemon.log").read_text()

@@ -111,7 +111,7 @@ def _ping(r: redis.Redis, stop: threading.Event, out: list) -> None:
 
 def _opened(metrics: str, service: str) -> float:
     line = f'slotune_tcp_connections_opened_total{{peer="other",service="{service}"}} '
-    return next((float(l.removeprefix(line)) for l in metrics.splitlines() if l.startswith(line)), 0.0)
+    return next((float(m.removeprefix(line)) for m in metrics.splitlines() if m.startswith(line)), 0.0)
 
 
 def test_status_shows_an_ebpf_only_fastapi_app_and_redis(redis_port, app_port, daemon_factory, root_only):

@@ -98,7 +98,10 @@ def test_the_throttle_raises_a_binding_limit_conn_through_the_include_file(tmp_p
         assert limit == pushed[-1]["new"] > START_LIMIT
         assert ng.include.read_text() == INCLUDE.replace(f"perserver {START_LIMIT};", f"perserver {limit};")
         first, last = [s for t, s in records if t < 3], [s for t, s in records if t > SECONDS - 5]
-        share = lambda rs: sum(s == 503 for s in rs) / len(rs)
+
+        def share(rs):
+            return sum(s == 503 for s in rs) / len(rs)
+
         print(f"503 share: first 3 s {share(first):.2f}, last 5 s {share(last):.2f}; access log "
               f"{sum(s == 503 for s in ng.statuses())} x 503 of {len(ng.statuses())}")
         assert share(first) > 0.1 and share(last) < share(first) / 2

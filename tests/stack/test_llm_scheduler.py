@@ -14,7 +14,7 @@ from .test_model import generator, recompute  # noqa: F401  (the fixture and the
 
 
 @pytest.fixture(scope="module")
-def model(generator):
+def model(generator):  # noqa: F811
     """test_model's sharp-weighted decoder (context 32 + 8 tokens)."""
     return generator.model
 
@@ -44,14 +44,14 @@ def serve(model, prompts: list[str], steps: int, max_num_seqs: int, budget: int,
 PROMPTS = ["hi", "what is the weather in Paris", "compute 12 + 30", "x" * 20]
 
 
-def test_ragged_steps_with_chunked_prefill_equal_recomputing_each_prompt(model, generator):
+def test_ragged_steps_with_chunked_prefill_equal_recomputing_each_prompt(model, generator):  # noqa: F811
     want = [recompute(generator, p, 8) for p in PROMPTS]
     outputs, preemptions, sizes = serve(model, PROMPTS, 8, max_num_seqs=4, budget=6, kv_tokens=1000)
     assert outputs == want and preemptions == 0
     assert max(t for _, t in sizes) == 6          # the 28-token prompt was prefilled in chunks of at most 6
 
 
-def test_preempted_sequences_recompute_to_the_same_tokens(model, generator):
+def test_preempted_sequences_recompute_to_the_same_tokens(model, generator):  # noqa: F811
     want = [recompute(generator, p, 8) for p in PROMPTS]
     outputs, preemptions, _ = serve(model, PROMPTS, 8, max_num_seqs=4, budget=64, kv_tokens=40)
     assert outputs == want and preemptions > 0

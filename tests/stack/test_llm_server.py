@@ -194,7 +194,10 @@ def test_a_client_that_leaves_mid_stream_frees_its_place(llm):
     conn.sock.shutdown(2)
     conn.close()
     deadline = time.monotonic() + 20
-    aborted = lambda m: m.get(("inference_request_success_total", "abort"), 0)
+
+    def aborted(m):
+        return m.get(("inference_request_success_total", "abort"), 0)
+
     while aborted(llm.metrics()) == aborted(before):
         assert time.monotonic() < deadline, "the server kept decoding for a client that left"
         time.sleep(0.05)

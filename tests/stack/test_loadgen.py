@@ -25,7 +25,9 @@ def test_every_profile_offers_the_mean_rate(profile):
 
 
 def test_profiles_shape_the_rate_over_time():
-    halves = lambda t: (np.sum(t < 30), np.sum(t >= 30))
+    def halves(t):
+        return np.sum(t < 30), np.sum(t >= 30)
+
     first, second = halves(schedule(50, 60, "step", seed=4))
     assert second / first == pytest.approx(3.0, rel=0.15)           # rate/2 then 3·rate/2
     first, second = halves(schedule(50, 60, "ramp", seed=4))
@@ -35,7 +37,9 @@ def test_profiles_shape_the_rate_over_time():
 
 
 def test_gamma_arrivals_are_burstier_than_poisson():
-    cv = lambda t: float(np.std(np.diff(t)) / np.mean(np.diff(t)))
+    def cv(t):
+        return float(np.std(np.diff(t)) / np.mean(np.diff(t)))
+
     assert cv(schedule(100, 60, "constant", "poisson", seed=5)) == pytest.approx(1.0, abs=0.1)
     assert cv(schedule(100, 60, "constant", "gamma", burstiness=0.25, seed=5)) == pytest.approx(2.0, rel=0.2)
 
@@ -103,12 +107,15 @@ def test_prompts_are_exactly_as_many_tokens_as_drawn():
     assert [len(prompt_text(rng, n).encode()) for n in (1, 2, 7, 100)] == [1, 2, 7, 100]
 
 
-def test_streaming_llm_load_agrees_with_the_servers_own_timing(llm, tmp_path):
+def test_streaming_llm_load_agrees_with_the_servers_own_timing(llm, tmp_path):  # noqa: F811
     before = llm.metrics()
     records = run_llm_load(llm.url + "/v1/completions", rate=8, duration_s=3, prompt=Lengths(40, 0.5, 80),
                            output=Lengths(20, 0.5, 40), bad_share=0.2, seed=3)
     after = llm.metrics()
-    delta = lambda name: after[(name, "")] - before[(name, "")]
+
+    def delta(name):
+        return after[(name, "")] - before[(name, "")]
+
     ok = [r for r in records if r.ok]
     bad = [r for r in records if r.status == 404]
     assert len(records) == len(schedule(8, 3, seed=3)) and len(ok) + len(bad) == len(records) and bad

@@ -82,7 +82,10 @@ def test_lru_keeps_the_most_recently_used():
 
 def test_vector_cache_reuses_only_close_queries_and_forgets_the_oldest():
     cache = VectorCache(threshold=0.91, capacity=2)
-    v = lambda q: embed(q, ENTITIES)
+
+    def v(q):
+        return embed(q, ENTITIES)
+
     cache.put(v("what is the weather in Paris"), "paris")
     assert cache.get(v("What's the weather in paris?")) == "paris"
     assert cache.get(v("what is the weather in Berlin")) is None
