@@ -20,6 +20,15 @@ def test_the_table_flags_slo_misses_names_the_top_cause_and_a_down_control_api()
     assert "gateway.concurrency_limit 40 -> 32 [pushed] queue P99 over budget" in table
 
 
+def test_settings_read_to_three_significant_digits():
+    # The demo's table printed degrade_ratio=0.97226 trace_sample_rate=0.00355218.
+    gateway = service(0.2)
+    gateway["settings"] = {"degrade_ratio": 0.97226, "trace_sample_rate": 0.00355218, "concurrency_limit": 1024.0}
+    row = next(line for line in render({"services": {"gateway": gateway}, "decisions": []}).splitlines()
+               if line.startswith("gateway"))
+    assert "concurrency_limit=1024 degrade_ratio=0.972 trace_sample_rate=0.00355" in row
+
+
 def test_token_objectives_show_only_where_a_service_declares_them():
     llm = {**service(4.0), "slo_p99_s": 30.0, "slo_ttft_p99_s": 0.5, "ttft_p99_s": 0.8,
            "slo_tpot_p99_s": 0.05, "tpot_p99_s": 0.03}

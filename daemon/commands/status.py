@@ -77,6 +77,14 @@ def inert(value):
     return value
 
 
+def _setting(value: float) -> str:
+    """A setting as a person reads it: a whole number whole, any other to 3 significant digits
+    (degrade_ratio=0.972, trace_sample_rate=0.00355, not 0.97226 and 0.00355218)."""
+    if float(value).is_integer() and abs(value) < 1e9:
+        return str(int(value))
+    return f"{value:.3g}"
+
+
 def render(status: dict) -> str:
     status = inert(status)
     tokens = any(s.get("slo_ttft_p99_s") or s.get("slo_tpot_p99_s") for s in status["services"].values())
@@ -88,7 +96,7 @@ def render(status: dict) -> str:
         attribution = s.get("attribution") or {}
         top = attribution.get("top_cause")
         cause = f"{top} {attribution['shares'][top]:.0%}" if top else ("no dominant cause" if attribution else "-")
-        settings = " ".join(f"{k}={v:g}" for k, v in sorted(s["settings"].items()))
+        settings = " ".join(f"{k}={_setting(v)}" for k, v in sorted(s["settings"].items()))
         if not s["control_reachable"]:
             settings += " (control API down)"
         rows.append(f"{name:<12} {_ms(s['p50_s']):>7} {_ms(s['p99_s']):>6}{flag} {s['slo_p99_s'] * 1e3:>7.0f} "
