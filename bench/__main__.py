@@ -20,6 +20,7 @@ BENCHES = {
     "signal_checks": "every signal against its independent reference (nstat, ss, bpftrace, s_time, server logs) (~5 min)",
     "step_time_fit": "the reference decoder's step time a + b*tokens + c*seqs, for the LLM simulator (~1 min)",
     "chaos": "3 healthy services tuned beside 10 hostile ones, clock steps, a SIGHUP a second: decisions missed, restarts, RSS (~21 min)",
+    "scale": "daemon CPU, RSS, tick P99 and /metrics size for 1, 10, 50 services x 0, 20 000 idle connections (~7 min)",
     "soak": "an hour of diurnal load with SIGHUPs and gateway restarts: daemon RSS, fds, logs (~62 min)",
     "closed_loop": "the real stack under a load step and a diurnal day: shipped, whitepaper, slotune, oracle arms (~25 min)",
     "llm_tuning": "the continuous-batch tuner against the LLM server's defaults on the real stack (~15 min)",
