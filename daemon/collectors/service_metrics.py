@@ -262,7 +262,10 @@ class ServiceMetricsCollector:
         service's last (body, answer): the same bytes read the same, a service at rest is
         not parsed again."""
         t0 = time.monotonic()
-        body, got = self._read(url, last, exposition, wanted, known)
+        try:
+            body, got = self._read(url, last, exposition, wanted, known)
+        except Exception as exc:     # a fault nobody foresaw, fetching or parsing, is still only this service's
+            body, got = None, ScrapeError("could not be read", f"{type(exc).__name__}: {exc}"[:200])
         return body, got, time.monotonic() - t0
 
     def _read(self, url, last, exposition, wanted, known) -> tuple[bytes | None, Parsed | ScrapeError]:
@@ -274,8 +277,6 @@ class ServiceMetricsCollector:
             return None, ScrapeError(f"took longer than {self.timeout_s:g} s", "the answer was not complete in time")
         except (OSError, http.client.HTTPException, ValueError) as exc:
             return None, ScrapeError("cannot be read", str(exc) or type(exc).__name__)
-        except Exception as exc:     # a fault nobody foresaw is still only this service's
-            return None, ScrapeError("could not be read", f"{type(exc).__name__}: {exc}"[:200])
         if last is not None and last[0] == body:
             return body, last[1]
         return body, parse_body(body, exposition, wanted, known)
