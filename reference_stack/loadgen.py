@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import csv
 import math
+import threading
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -69,9 +70,10 @@ def schedule(rate: float, duration_s: float, profile: str = "constant", arrivals
     return np.interp(targets, cumulative, grid)
 
 
-async def open_loop(times: np.ndarray, max_inflight: int, send, overflow) -> None:
+async def open_loop(times: np.ndarray, max_inflight: int, send, overflow, until: threading.Event | None = None) -> None:
     """At each scheduled time (seconds from now) start send(i, t_s, t_abs) as a task, never waiting for
-    answers; when max_inflight are in flight, call overflow(i, t_s) instead. Returns when all are answered."""
+    answers; when max_inflight are in flight, call overflow(i, t_s) instead. Sends nothing more once
+    `until` is set. Returns when all sent are answered."""
     inflight = 0
 
     async def tracked(coro):
@@ -87,6 +89,8 @@ async def open_loop(times: np.ndarray, max_inflight: int, send, overflow) -> Non
         delay = t0 + t_s - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
+        if until is not None and until.is_set():
+            break
         if inflight >= max_inflight:
             overflow(i, float(t_s))
             continue
@@ -98,10 +102,11 @@ async def open_loop(times: np.ndarray, max_inflight: int, send, overflow) -> Non
 async def generate_load(url: str, rate: float, duration_s: float, profile: str = "constant",
                         arrivals: str = "poisson", burstiness: float = 0.25, max_inflight: int = 512,
                         timeout_s: float = 10.0, seed: int = 1, queries: QueryStream | None = None,
-                        context_bytes: int = 0) -> list[Record]:
-    """Drive url (the gateway's POST /query) open loop; one Record per scheduled arrival.
+                        context_bytes: int = 0, until: threading.Event | None = None) -> list[Record]:
+    """Drive url (the gateway's POST /query) open loop; one Record per arrival sent.
     context_bytes > 0 sends a context document that long with each query, as a RAG
-    prompt carries one (the gateway ignores it)."""
+    prompt carries one (the gateway ignores it); `until`, once set, ends the load early
+    (a test that polls for its outcome)."""
     times = schedule(rate, duration_s, profile, arrivals, burstiness, seed)
     queries = queries or QueryStream(seed=seed)
     texts = [queries.next() for _ in times]
@@ -127,7 +132,8 @@ async def generate_load(url: str, rate: float, duration_s: float, profile: str =
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=max_inflight), timeout=timeout) as session:
         await open_loop(times, max_inflight, lambda i, t_s, t_abs: one(session, i, t_s, t_abs),
-                        lambda i, t_s: records.append(Record(t_s, math.nan, 0, "error", "", texts[i], "overflow")))
+                        lambda i, t_s: records.append(Record(t_s, math.nan, 0, "error", "", texts[i], "overflow")),
+                        until)
     records.sort(key=lambda r: r.t_s)
     return records
 

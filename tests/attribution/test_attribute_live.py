@@ -3,6 +3,7 @@ stack under load; after a calm baseline the gateway blocks its event loop in
 syscalls, and `slotune attribute gateway` must name blocking syscalls, with the
 share exported on /metrics."""
 import json
+import os
 import subprocess
 import sys
 import time
@@ -44,8 +45,12 @@ latency_metric = "inference_request_duration_seconds"
 """
 
 
-@pytest.fixture
-def watched(tmp_path, root_only):
+@pytest.fixture(scope="module")
+def watched(tmp_path_factory):
+    """One stack and daemon for the module: the refusal test reads it before the fault is on."""
+    if os.geteuid() != 0:
+        pytest.fail("this test needs root (make test runs as root)")
+    tmp_path = tmp_path_factory.mktemp("attribute-live")
     cfg = launcher.StackConfig.on_free_ports(tmp_path / "stack", inference_args=SMALL_MODEL)
     state = launcher.start(cfg)
     daemon = load = None
@@ -65,6 +70,13 @@ def watched(tmp_path, root_only):
         if daemon is not None:
             daemon.stop()
         launcher.stop(cfg.run_dir)
+
+
+def test_an_unknown_service_is_refused_with_the_configured_ones(watched):
+    _, daemon = watched
+    out = run_slotune("attribute", "gatewy", "--url", daemon.url)
+    assert out.returncode == 2
+    assert "no service 'gatewy'" in out.stderr and "gateway, inference" in out.stderr
 
 
 def test_a_blocked_event_loop_is_named_with_its_share_and_exported(watched):
@@ -91,13 +103,6 @@ def test_a_blocked_event_loop_is_named_with_its_share_and_exported(watched):
     assert "blocking_syscalls" in table.stdout and table.stdout.startswith("gateway P")   # P99 or P50 moved
     metrics = daemon.metrics()
     assert 'slotune_attribution_share_ratio{cause="blocking_syscalls",service="gateway"}' in metrics
-
-
-def test_an_unknown_service_is_refused_with_the_configured_ones(watched):
-    _, daemon = watched
-    out = run_slotune("attribute", "gatewy", "--url", daemon.url)
-    assert out.returncode == 2
-    assert "no service 'gatewy'" in out.stderr and "gateway, inference" in out.stderr
 
 
 def test_no_daemon_is_a_clear_error():

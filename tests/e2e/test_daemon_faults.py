@@ -24,8 +24,9 @@ from tuners.base import Decision, Policy
 WORKER = ROOT / "tests" / "probes" / "workers" / "http_server.py"
 
 
-def background_load(stack, rate, seconds):
-    t = threading.Thread(target=loadgen.run_load, args=(stack.state["query_url"], rate, seconds), daemon=True)
+def background_load(stack, rate, seconds, until=None):
+    t = threading.Thread(target=loadgen.run_load, args=(stack.state["query_url"], rate, seconds),
+                         kwargs={"until": until}, daemon=True)
     t.start()
     return t
 
@@ -78,12 +79,16 @@ def test_a_change_that_worsens_p99_is_rolled_back_within_two_intervals(stack, tm
     daemon = Daemon(cfg, collectors=[ServiceMetricsCollector()])
     daemon.start()
     try:
-        load = background_load(stack, 5, 18)
+        stop = threading.Event()      # set once a decision is held after the rollback: the outcome
+        load = background_load(stack, 5, 18, until=stop)
         start = time.time()
         while load.is_alive():
             time.sleep(1.0)
             daemon.step(start, time.time())
             start = time.time()
+            rolled = [e.t for e in daemon.audit.recent if e.outcome == "rolled back"]
+            if rolled and any(e.outcome.startswith("held") and e.t > rolled[0] for e in daemon.audit.recent):
+                stop.set()
         entries = list(daemon.audit.recent)
     finally:
         daemon.close()

@@ -82,9 +82,14 @@ def test_the_throttle_raises_a_binding_limit_conn_through_the_include_file(tmp_p
             web = d.status()["services"]["web"]
             p99s.append(web["p99_s"])
             rates.append(web["rate_rps"])
-        time.sleep(2.0)      # the last windows reach the daemon
+        deadline = time.monotonic() + 10     # a push decided as the load ended has landed in the include
+        while True:
+            pushed = [e for e in d.audit() if e["outcome"] == "pushed"]
+            in_force = re.search(r"limit_conn perserver (\d+);", ng.include.read_text())
+            if (pushed and in_force and int(in_force[1]) == pushed[-1]["new"]) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         answered = _stub_requests(ng.port) - before - 1
-        pushed = [e for e in d.audit() if e["outcome"] == "pushed"]
         seen = [p for p in p99s if p is not None]
         print(f"nginx answered {answered} (stub_status), the client sent {len(records)}; slotune (eBPF) P99 "
               f"{[round(p * 1e3) for p in seen]} ms, rate {[round(r, 1) for r in rates]}/s; pushes "
