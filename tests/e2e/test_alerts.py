@@ -18,7 +18,10 @@ Time is compressed: Prometheus loads a copy of slotune.rules.yml whose every `fo
 divided by FOR_DIVISOR (5m -> 10s) and which differs from the shipped file in nothing else
 (asserted line by line); the shipped rules keep their durations. Alertmanager runs the
 shipped routes, inhibitions and grouping with 1 s waits, every receiver pointed at the test's
-webhook (an email receiver cannot be delivered here)."""
+webhook (an email receiver cannot be delivered here).
+
+No premise rests on the host's speed: each fault is a delay the test sets on a tool (or a
+capability it takes away), and the tools' calls are paced by the test's own clock."""
 from __future__ import annotations
 
 import json
