@@ -40,10 +40,10 @@ def test_reading_time_is_linear_in_the_file():
         text = "frontend fe\n" + "  bind " + ",".join(f"[::{i}]:8{i % 10}" for i in range(n)) + "\n" + \
                "  server-template s 1-9 a:1 maxconn 5\n" * n
         best = float("inf")
-        for _ in range(3):
-            began = time.perf_counter()
+        for _ in range(3):     # CPU time: the reader's own work, whatever else the host runs
+            began = time.process_time()
             read(text)
-            best = min(best, time.perf_counter() - began)
+            best = min(best, time.process_time() - began)
         return best
     small, large = took(2000), took(4000)
     assert large < 3 * small + 0.005, (small, large)
