@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from daemon.control.audit import Outcome
+from daemon.store.audit import Outcome
 from daemon.demo.run import GATEWAY_SLO_MS, INFERENCE_SLO_MS, measure_capacity, start_daemon
 from daemon.demo.stack_config import for_reference_stack
 from daemon.process import HISTORY_S

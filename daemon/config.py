@@ -10,11 +10,15 @@ import signal
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from daemon.collectors.kernel.families import FAMILIES
 from daemon.collectors.kernel.program import MAP_ENTRIES, MAP_ENTRIES_RANGE
 from daemon.model.service import ServiceSpec
 from daemon import profiles
+
+if TYPE_CHECKING:
+    from tuners.base import Spec
 
 DEFAULT_PATH = Path("/etc/slotune/slotune.toml")
 PROBE_FAMILIES = tuple(FAMILIES)     # every kernel probe family (daemon/collectors/kernel/families.py)
@@ -59,7 +63,7 @@ class TunerConf:
     name: str
     policy: str
     interval_s: float
-    options: dict[str, float] = field(default_factory=dict)   # its own keys (daemon.control.tuner_specs)
+    options: dict[str, float] = field(default_factory=dict)   # its own keys (its module's SPEC, tuners/)
 
 
 @dataclass(frozen=True)
@@ -224,8 +228,10 @@ def _service(file: Path, name: str, r: _Reader, default_tune_s: float) -> Servic
 
 
 def admission_settings() -> set[str]:
-    from daemon.control.tuner_specs import ADMISSION   # here: the specs import the control code, which imports this
-    return set(ADMISSION)
+    """The settings that admit requests: a service whose engine has no live knob for them
+    names the proxy in front of it (admission_by), and they are pushed there."""
+    from tuners import throttle   # here: tuners/ imports scipy (drift), ~0.7 s that only load() needs
+    return {s for policy in throttle.POLICIES for s in throttle.SPEC.pushes(policy)}
 
 
 def _recommend(file, r: _Reader, profile: profiles.Profile, control: Control | None, settings: dict[str, Bounds],
@@ -323,11 +329,10 @@ NEEDS = {   # actuator kind -> the [control] keys it cannot go without, and what
 
 def _targets(file, kind: str, r: _Reader) -> dict[str, str]:
     """[control.targets]: setting -> the name or command it has on the service, checked by its actuator."""
-    from daemon.control.actuators import target_error   # here: the actuators import this module
     out = {}
     for setting in list(r.table):
         target = r.get(setting, str, nonempty=True)
-        if (why := target_error(kind, target)) is not None:
+        if (why := profiles.target_error(kind, target)) is not None:
             raise ConfigError(file, r.key(setting), why)
         out[setting] = target
     return out
@@ -339,14 +344,14 @@ def _tuners(file, svc: _Reader, default_tune_s: float, control: Control | None,
     """The service's [tuners.NAME] tables, each read by its tuner's spec. A tuner that
     pushes needs the [control] table (unless its settings are only recommended, or go
     to a proxy: `elsewhere`), bounds for every setting it pushes, and the SLOs it steers on."""
-    from daemon.control.tuner_specs import SPECS   # here: the specs import the control code, which imports this
+    from tuners import TUNERS   # here: tuners/ imports scipy (drift), ~0.7 s that only load() needs
     r, out = svc.table_of("tuners"), []
     for name in list(r.table):
-        if name not in SPECS:
-            raise ConfigError(file, r.key(name), f"unknown tuner; one of {', '.join(SPECS)}")
-        t, spec = r.table_of(name), SPECS[name]
-        tuner = _tuner(file, t, spec, default_tune_s)
-        if spec.alert is None and control is None and not set(spec.pushes(tuner.policy)) <= elsewhere:
+        if name not in TUNERS:
+            raise ConfigError(file, r.key(name), f"unknown tuner; one of {', '.join(TUNERS)}")
+        t, spec = r.table_of(name), TUNERS[name].SPEC
+        tuner = _tuner(file, t, name, spec, default_tune_s)
+        if control is None and not set(spec.pushes(tuner.policy)) <= elsewhere:   # (an alert-only tuner pushes none)
             raise ConfigError(file, t.where, "a tuner that pushes settings needs a [control] table")
         for setting in spec.pushes(tuner.policy):
             if setting not in settings:
@@ -359,18 +364,19 @@ def _tuners(file, svc: _Reader, default_tune_s: float, control: Control | None,
     return tuple(out)
 
 
-def _tuner(file, t: _Reader, spec, default_tune_s: float) -> TunerConf:
+def _tuner(file, t: _Reader, name: str, spec: Spec, default_tune_s: float) -> TunerConf:
+    from tuners import policy as tuner_policy   # here: as in _tuners
     policy = t.get("policy", str, "slotune")
     try:
-        spec.policy(policy)
+        tuner_policy(name, policy)
     except ValueError as exc:
         raise ConfigError(file, t.key("policy"), str(exc)) from None
     interval_s = t.get("interval_s", float, default_tune_s, lo=0.5, hi=86400.0)
     options = {o.name: t.get(o.name, o.kind, o.default, lo=o.low, hi=o.high) for o in spec.options}
     if t.table:
         keys = ", ".join(["policy", "interval_s", *(f"{o.name} ({o.help})" for o in spec.options)])
-        raise ConfigError(file, t.key(sorted(t.table)[0]), f"unknown key; tuner {spec.name} takes {keys}")
-    return TunerConf(spec.name, policy, interval_s, options)
+        raise ConfigError(file, t.key(sorted(t.table)[0]), f"unknown key; tuner {name} takes {keys}")
+    return TunerConf(name, policy, interval_s, options)
 
 
 def _settings(file, r: _Reader) -> dict[str, Bounds]:

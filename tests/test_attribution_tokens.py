@@ -110,7 +110,7 @@ def test_status_carries_the_token_explanations_as_json():
 
 
 def test_slotune_status_prints_what_moved_ttft_and_tpot():
-    from daemon.commands.status import render
+    from daemon.export.status_table import render
     attribution = run({"ttft_ms": 230.0, "waiting": 52.0}, waiting=14.0).as_status()
     row = {"p50_s": 1.0, "p99_s": 2.0, "slo_p99_s": 30.0, "rate_rps": 10.0, "settings": {},
            "control_reachable": True, "attribution": attribution}

@@ -17,7 +17,7 @@ from urllib.request import urlopen
 import pytest
 
 from daemon import config
-from daemon.control.audit import Outcome
+from daemon.store.audit import Outcome
 from daemon.model.histogram import Histogram
 from daemon.model.sample import Sample
 from daemon.model.window import EBPF_LATENCY

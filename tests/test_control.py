@@ -9,7 +9,7 @@ import pytest
 from daemon import config
 from daemon.control.actuators.file import FileActuator
 from daemon.control.actuators.http_json import HttpJsonActuator
-from daemon.control.audit import AuditLog, Entry, Outcome
+from daemon.store.audit import AuditLog, Entry, Outcome
 from daemon.config import Bounds, Config, Control, ServiceConf, TunerConf
 from daemon.model.interval import Interval
 from daemon.control.loop import ControlLoop, guarded

@@ -1,5 +1,6 @@
-"""The shape every tuner shares: a Decision, a Policy (pure initial_state/decide pair)
-and the small helpers the policies use. Nothing here does I/O or reads a clock."""
+"""The shape every tuner shares: a Decision, a Policy (pure initial_state/decide pair),
+the Spec of what it asks of the service it runs on, and the small helpers the
+policies use. Nothing here does I/O or reads a clock."""
 from __future__ import annotations
 
 import math
@@ -43,6 +44,34 @@ class Policy:
         for part in self.fields[setting].split("."):
             state = getattr(state, part)
         return float(state)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One key of the tuner's own table, with its default and its range."""
+    name: str
+    default: float
+    low: float
+    high: float
+    help: str
+    kind: type = float
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What a tuner asks of a service, declared beside its algorithm: the daemon's config
+    is checked against it ([services.NAME.tuners.TUNER]), and daemon/control/tuner_specs.py
+    pairs it with the tuner's observation builder."""
+    settings: tuple[str, ...] = ()                      # the service's settings it pushes; each needs bounds
+    policy_settings: Mapping[str, tuple[str, ...]] = field(default_factory=dict)   # policies pushing others
+    options: tuple[Option, ...] = ()                    # the keys of its own table
+    slos: tuple[str, ...] = ()                          # the service's SLO keys it steers on; each must be set
+
+    def pushes(self, policy: str) -> tuple[str, ...]:
+        return self.policy_settings.get(policy, self.settings)
+
+    def option_values(self, given: Mapping[str, float]) -> dict[str, float]:
+        return {o.name: given.get(o.name, o.default) for o in self.options}
 
 
 def _replace_path(state: Any, path: list[str], value: float) -> Any:

@@ -8,9 +8,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from tuners.base import Decision, Policy, changed, clamp, setting
+from tuners.base import Decision, Policy, Spec, changed, clamp, setting
 
 INTERVAL_S = 5.0
+SPEC = Spec(("max_batch_size", "max_queue_delay_ms"))
 SIZE_BOUNDS = (1.0, 128.0)
 DELAY_BOUNDS_MS = (0.0, 1000.0)
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from tuners.base import Decision, Policy, setting
+from tuners.base import Decision, Option, Policy, Spec, setting
 
 INTERVAL_S = 1.0
 NAMES = ("breaker_failure_threshold", "breaker_consecutive_failures", "breaker_open_s")
+SPEC = Spec(NAMES, options=(Option("slo_failure_rate", 0.003, 0.0, 1.0, "a tool's failure-rate objective"),))
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tuners.base import Decision, Policy, changed
+from tuners.base import Decision, Option, Policy, Spec, changed
 
 INTERVAL_S = 10.0
 PREFIX = "budget_weight."
+# The hops on a service that times its stages (`*_stage_duration_seconds{stage}`, as the
+# reference gateway does): hop -> (the stage that measures it, the timeout that cuts it
+# off). Every other stage (intent gate, cache lookups) is the gateway's own work, the OWN_HOP:
+# budgeted, never cut off. The tools stage is a query's tool DAG with each call under the
+# timeout: its lookups run side by side, so it overruns when one call does.
+HOPS = {"tool": ("tools", "tool_timeout_ms"), "llm": ("llm", "llm_timeout_ms")}
+OWN_HOP = "gateway"
+SPEC = Spec(tuple(s for _, s in HOPS.values()), options=(
+    Option("gateway_slo_ms", 100.0, 0.1, 600_000.0, "the gateway's own work's SLO"),
+    Option("tool_slo_ms", 300.0, 0.1, 600_000.0, "a query's tool calls' SLO"),
+    Option("llm_slo_ms", 600.0, 0.1, 600_000.0, "the LLM call's SLO")))
 
 
 @dataclass(frozen=True)

@@ -53,11 +53,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from tuners.base import Decision, Policy, changed, clamp, setting
+from tuners.base import Decision, Policy, Spec, changed, clamp, setting
 from tuners.batch import whitepaper_size
 
 INTERVAL_S = 2.0
 SEQS, TOKENS = "max_num_seqs", "max_num_batched_tokens"
+SPEC = Spec((SEQS, TOKENS), slos=("slo_ttft_p99_ms", "slo_tpot_p99_ms"))
 SEQS_BOUNDS = (1.0, 1024.0)
 TOKENS_BOUNDS = (16.0, 65536.0)
 

@@ -19,10 +19,11 @@ import math
 from dataclasses import dataclass
 
 from tuners import throttle
-from tuners.base import Decision, Policy, changed, clamp, setting
+from tuners.base import Decision, Policy, Spec, changed, clamp, setting
 
 INTERVAL_S = 1.0
 SETTING = "degrade_ratio"
+SPEC = Spec((SETTING,))
 SHARE = 0.9                   # slotune's queue-wait budget: this share of the throttle's
 SETPOINT = throttle.TARGET - 0.05   # brownout's P99 setpoint as a share of the SLO, under the throttle's aim
 

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from tuners.base import Decision, Policy
+from tuners.base import Decision, Option, Policy, Spec
 
 INTERVAL_S = 3600.0
+# it raises an alert and pushes no setting
+SPEC = Spec(options=(Option("baseline_days", 7.0, 0.001, 365.0, "how far back the baseline reaches"),))
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tuners.base import Decision, Policy, changed, clamp, setting
+from tuners.base import Decision, Option, Policy, Spec, changed, clamp, setting
 
 INTERVAL_S = 1.0
+SPEC = Spec(("trace_sample_rate", "trace_keep_slower_than_s"),
+            options=(Option("budget_traces_per_s", 10.0, 0.001, 1e6, "traces/s to keep"),))
 
 
 @dataclass(frozen=True)

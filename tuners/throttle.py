@@ -10,9 +10,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from tuners.base import Decision, Policy, changed, clamp, setting
+from tuners.base import Decision, Policy, Spec, changed, clamp, setting
 
 INTERVAL_S = 1.0
+SPEC = Spec(("concurrency_limit",), {"whitepaper": ("rate_limit_rps",)})
 LIMIT_BOUNDS = (1.0, 10_000.0)
 RATE_BOUNDS = (0.1, 1_000_000.0)
 

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from daemon import config, profiles
 from daemon.collectors.kernel.targeting import command_line, listening_table, netns_of, socket_inodes
 from daemon.collectors.service_metrics import parse_stub_status
-from daemon.control.actuators.haproxy import target_error
+from daemon.profiles.haproxy import target_error
 from daemon.control.tuner_specs import SPECS
 from daemon.host.http_exchange import exchange
 from daemon.profiles import haproxy_config

@@ -82,6 +82,12 @@ def check_families() -> list[kf.Finding]:
     return found
 
 
+def check_nvml() -> kf.Finding:
+    from daemon.collectors.gpu import collector as nvml  # the collector's own start-up check, so both say the same
+    ok, detail, fix = nvml.probe()
+    return kf.Finding("NVML", ok, detail, fix)
+
+
 def check_socket_layer() -> kf.Finding:
     """Where the http and tls probes read sockets: the collector's own choice (sockets.py)."""
     offset, why = sockets.protocol_offset()
@@ -100,7 +106,7 @@ def findings(args) -> list[kf.Finding]:
     else:
         found.append(kf.Finding("probes", False, "not tried: needs privileges and tracefs first",
                                 "fix the lines above, then run slotune doctor again", required=True))
-    found.append(kf.check_nvml())
+    found.append(check_nvml())
     prometheus_url, config_finding = configured_prometheus(args)
     if config_finding:
         found.append(config_finding)

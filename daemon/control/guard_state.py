@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from daemon.control.actuators.safe_files import set_aside
+from daemon.host.safe_files import set_aside
 from daemon.host.untrusted import json_value
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from daemon.config import Bounds, Config, ServiceConf
 from daemon.control import observations
 from daemon.control.actuators import Actuator, ActuatorError, plain
-from daemon.control.audit import AuditError, AuditLog, Entry, Outcome
+from daemon.store.audit import AuditError, AuditLog, Entry, Outcome
 from daemon.control.guard_state import GuardState
 from daemon.control.tuner_specs import SPECS, Alert
 from daemon.host.bulkheads import Bulkheads

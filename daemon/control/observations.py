@@ -203,15 +203,6 @@ def for_drift(i: Inputs) -> drift.Observation | None:
     return drift.Observation(now=i.now, value=_q(hist, 0.99), baseline=baseline, samples=samples)
 
 
-# The budget tuner's hops on a service that times its stages (`*_stage_duration_seconds{stage}`,
-# as the reference gateway does): hop -> (the stage that measures it, the timeout that cuts it
-# off). Every other stage (intent gate, cache lookups) is the gateway's own work, the OWN_HOP:
-# budgeted, never cut off. The tools stage is a query's tool DAG with each call under the
-# timeout: its lookups run side by side, so it overruns when one call does.
-BUDGET_HOPS = {"tool": ("tools", "tool_timeout_ms"), "llm": ("llm", "llm_timeout_ms")}
-OWN_HOP = "gateway"
-
-
 def _stages(windows: list[Window]) -> dict[str, object]:
     out: dict[str, object] = {}
     for w in windows:
@@ -226,11 +217,11 @@ def for_budget(i: Inputs) -> budget.Observation:
     """Each hop's P50 and P99 over the interval (0: no calls, the tuner waits for data); the
     own hop's are the sums of its stages' (as if its stages were slow together)."""
     stages = _stages(i.recent)
-    measured = {stage for stage, _ in BUDGET_HOPS.values()}
+    measured = {stage for stage, _ in budget.HOPS.values()}
     own = [h for stage, h in stages.items() if stage not in measured]
-    quantiles = {OWN_HOP: (sum(_q(h, 0.5) for h in own), sum(_q(h, 0.99) for h in own))}
+    quantiles = {budget.OWN_HOP: (sum(_q(h, 0.5) for h in own), sum(_q(h, 0.99) for h in own))}
     quantiles |= {hop: (_q(stages.get(stage), 0.5), _q(stages.get(stage), 0.99))
-                  for hop, (stage, _) in BUDGET_HOPS.items()}
+                  for hop, (stage, _) in budget.HOPS.items()}
     return budget.Observation(
         now=i.now, slo_s=i.conf.spec.slo_p99_s,
         hop_slos_s=tuple((hop, i.options[f"{hop}_slo_ms"] / 1000.0) for hop in quantiles),
@@ -243,4 +234,4 @@ def budget_timeouts(changes: dict[str, float], i: Inputs) -> dict[str, float]:
     P99 SLO, in ms. The own hop's weight stays free for the gateway's own work."""
     slo_ms = i.conf.spec.slo_p99_s * 1000.0
     return {setting: changes[budget.PREFIX + hop] * slo_ms
-            for hop, (_, setting) in BUDGET_HOPS.items() if budget.PREFIX + hop in changes}
+            for hop, (_, setting) in budget.HOPS.items() if budget.PREFIX + hop in changes}

@@ -1,4 +1,4 @@
-"""`slotune demo --fleet N`: N hosts on this machine (bench/fleet.py: a network namespace each,
+"""`slotune demo --fleet N`: N hosts on this machine (fleet_hosts.py: a network namespace each,
 with its own reference stack and daemon, one Prometheus over them all), then one host's inference
 server throttled to a sliver of a CPU; prints the fleet table, a row per host, worst first, until
 that host's SlotuneHostOutlier fires, and the alert itself."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from bench import fleet
+from daemon.demo import fleet_hosts as fleet
 
 FOR = "20s"          # the shipped rule waits 10 minutes; the demo's copy 20 s, nothing else differs
 

@@ -5,7 +5,7 @@ namespace's address; one Prometheus in ours scrapes them all, each target labell
 instance=hostN, with slotune's rules loaded. A steady trickle of requests goes to each host's inference server from inside its
 namespace. The CPU fault throttles one host's inference server to a share of one CPU (a cgroup
 CPU quota: what a noisy neighbour or a CPU limit does to it). Used by tests/e2e/test_fleet.py
-and `slotune demo --fleet N`; by hand (as root):
+and `slotune demo --fleet N`; by hand (as root), through bench/fleet.py:
 
     python -m bench.fleet --hosts 3 --slow host2     # up, a row per host every 10 s, Ctrl-C stops
 """
@@ -29,7 +29,7 @@ import yaml
 
 from reference_stack import launcher
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "dashboards" / "rules" / "slotune.rules.yml"
 FLEET_BOARD = ROOT / "dashboards" / "slotune-fleet.json"
 EXPORTER_PORT = 9477
@@ -143,7 +143,7 @@ class Fleet:
             for h in self.hosts:
                 self._wait_exporter(h)
                 h.procs.append(self._spawn(h, "load", h.in_ns(
-                    sys.executable, "-m", "bench.fleet", "load", "--rate", str(self.rate),
+                    sys.executable, "-m", "daemon.demo.fleet_hosts", "load", "--rate", str(self.rate),
                     "--url", f"http://127.0.0.1:{h.state['ports']['inference']}/generate")))
             self._prometheus()
         except BaseException:
@@ -164,7 +164,7 @@ class Fleet:
 
     def _stacks(self) -> None:
         """Every host's stack at once, each started inside its namespace on the default ports."""
-        starts = {h.name: subprocess.Popen(h.in_ns(sys.executable, "-m", "bench.fleet", "stack",
+        starts = {h.name: subprocess.Popen(h.in_ns(sys.executable, "-m", "daemon.demo.fleet_hosts", "stack",
                                                    "--run-dir", str(h.work / "stack")),
                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
                   for h in self.hosts}

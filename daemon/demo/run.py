@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from daemon.demo import report
-from daemon.commands.status import render
+from daemon.export.status_table import render
 from daemon.demo.stack_config import DEMO_STACK_SETTINGS, LLM_INFERENCE_TUNERS, for_reference_stack
 from reference_stack import launcher, loadgen
 from reference_stack.llm import load as llm_load

@@ -9,9 +9,9 @@ import logging
 import socket
 from urllib.parse import urlparse
 
-from daemon.control.actuators import ActuatorError
-from daemon.control.actuators.safe_files import read_token
-from daemon.control.audit import Entry
+from daemon.host.safe_files import read_token
+from daemon.model.errors import ActuatorError
+from daemon.store.audit import Entry
 from daemon.export.sinks import ExportCounters, Outbox
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from daemon.control.audit import Entry
+from daemon.store.audit import Entry
 from daemon.model.window import Window
 
 QUANTILES = (0.5, 0.95, 0.99)

@@ -13,7 +13,7 @@ import time
 from collections import defaultdict
 from importlib import metadata
 
-from daemon.control.audit import Entry, Outcome
+from daemon.store.audit import Entry, Outcome
 from daemon.export.sinks import ExportCounters, Outbox
 
 log = logging.getLogger(__name__)

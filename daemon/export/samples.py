@@ -2,8 +2,8 @@
 that adds every Sample's deltas into cumulative families at observe() time and
 builds real histograms (_bucket/_sum/_count on EXPORT_BOUNDS_S), counters and
 gauges at scrape time. Which signal becomes which metric is the SIGNALS table:
-the signals each kernel probe family declares, and the rows other collectors
-add with register_signals()."""
+the rows each collector adds with register_signals() (the kernel collector its
+probe families' signals, in collectors/kernel/families.py; the GPU collector its own)."""
 from __future__ import annotations
 
 import logging
@@ -13,7 +13,6 @@ from typing import NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from daemon.collectors.kernel.families import FAMILIES
 from daemon.model.sample import Sample
 from daemon.model.histogram import EXPORT_BOUNDS_S, Histogram
 
@@ -46,13 +45,6 @@ def register_signals(table: dict[str, Signal | tuple]) -> None:
         if taken.get(row.metric, signal) != signal or SIGNALS.get(signal, row) != row:
             raise ValueError(f"signal {signal!r} / metric {row.metric!r} is already registered differently")
         SIGNALS[signal] = row
-
-
-register_signals({s.name: (s.metric, s.label, s.kind, s.help) for f in FAMILIES.values() for s in f.signals})
-register_signals({     # the kernel collector's own, beside its families'
-    "processes": ("slotune_service_processes", None, "gauge",
-                  "Processes currently found for the service"),
-})
 
 
 class SampleExporter:

@@ -11,7 +11,7 @@ from typing import Callable
 
 from prometheus_client.core import CounterMetricFamily
 
-from daemon.control.audit import Entry, Outcome
+from daemon.store.audit import Entry, Outcome
 
 log = logging.getLogger(__name__)
 # The decisions operators are shown: what slotune changed, undid, failed to undo, or would not do.

@@ -179,12 +179,6 @@ def check_fentry() -> Finding:
                    "none needed; to allow fentry, boot with lockdown=none (lockdown cannot be lowered at run time)")
 
 
-def check_nvml() -> Finding:
-    from daemon.collectors.gpu import collector as nvml  # the collector's own start-up check, so both say the same
-    ok, detail, fix = nvml.probe()
-    return Finding("NVML", ok, detail, fix)
-
-
 def check_memlock() -> Finding:
     """RLIMIT_MEMLOCK only matters before 5.11 (memcg accounting); never fatal."""
     import resource

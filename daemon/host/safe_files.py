@@ -24,7 +24,7 @@ import platform
 import stat
 import time
 
-from daemon.control.actuators import ActuatorError
+from daemon.model.errors import ActuatorError
 
 TOKEN_MAX_BYTES = 4096
 NEW_FILE_MODE = 0o644

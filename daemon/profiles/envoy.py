@@ -5,7 +5,16 @@ upstream_rq_time (histogram, ms), upstream_rq_active, upstream_rq_pending_active
 upstream_rq_total, upstream_rq_xx by envoy_response_code_class. A cluster's
 circuit-breaker thresholds are runtime keys (circuit_breakers.<cluster>.<priority>.max_requests,
 "Circuit breaking" in the cluster manager docs) set live by `POST /runtime_modify`."""
+import re
+
 from daemon.profiles import Counter, Gauge, Histogram, Profile, Setting
+
+KEY = re.compile(r"[A-Za-z0-9_.-]+")   # what a [control.targets] entry names: a runtime key
+
+
+def target_error(target: str) -> str | None:
+    return None if KEY.fullmatch(target) else f"{target!r} is not an Envoy runtime key (letters, digits, _ . -)"
+
 
 PROFILE = Profile(
     name="envoy",

@@ -7,7 +7,32 @@ and HAProxy 2.6 as installed here. Limits are set live through the runtime API
 (`set maxconn server`, `set rate-limit sessions global`; management guide section 9.3,
 https://docs.haproxy.org/2.6/management.html): it is where a proxied engine with no
 live knob of its own is throttled (admission_by)."""
+import re
+
 from daemon.profiles import Counter, Gauge, Profile, Setting
+
+NAME = r"[A-Za-z0-9_.:-]+"   # the characters HAProxy allows in proxy and server names
+TARGETS = {   # the form of a target -> how its value is read back
+    re.compile(rf"maxconn server (?P<proxy>{NAME})/(?P<server>{NAME})"): "stat",
+    re.compile(rf"maxconn frontend (?P<proxy>{NAME})"): "stat",
+    re.compile(r"maxconn global"): "Maxconn",
+    re.compile(r"rate-limit sessions global"): "SessRateLimit",
+    re.compile(r"rate-limit connections global"): "ConnRateLimit",
+}
+FORMS = "maxconn server BACKEND/SERVER, maxconn frontend FRONTEND, maxconn global, " \
+        "rate-limit sessions global or rate-limit connections global"
+
+
+def target_error(target: str) -> str | None:
+    if form(target) is None:
+        return f"{target!r} is not a HAProxy limit slotune sets; one of {FORMS}"
+    return None
+
+
+def form(target: str):
+    """(the match, how its value is read back) of the form target has, or None."""
+    return next(((m, how) for rx, how in TARGETS.items() if (m := rx.fullmatch(target))), None)
+
 
 PROFILE = Profile(
     name="haproxy",

@@ -7,6 +7,13 @@ and rpm_limit are set live with `POST /key/update` (rpm_limit is per minute; the
 actuator converts slotune's per-second rate)."""
 from daemon.profiles import Counter, Histogram, Profile, Setting
 
+LIMITS = ("max_parallel_requests", "rpm_limit", "tpm_limit")   # the key limits a [control.targets] entry names
+
+
+def target_error(target: str) -> str | None:
+    return None if target in LIMITS else f"{target!r} is not a LiteLLM key limit; one of {', '.join(LIMITS)}"
+
+
 PROFILE = Profile(
     name="litellm",
     doc="https://docs.litellm.ai/docs/proxy/prometheus",

@@ -6,7 +6,19 @@ request totals, read here under the names nginx-prometheus-exporter gives them
 Requests in flight are the connections reading a request or writing an answer.
 The concurrency limit lives in an include file slotune writes (`limit_conn`), checked
 with `nginx -t` and loaded with `nginx -s reload`."""
+import re
+
 from daemon.profiles import Counter, Gauge, Profile, Setting
+
+TEMPLATE = re.compile(r"[a-z_]+ [^;{}#\n\"'\\]*\{\}[^;{}#\n\"'\\]*")   # one directive, one {} for the value
+
+
+def target_error(target: str) -> str | None:
+    if not TEMPLATE.fullmatch(target) or target.count("{}") != 1:
+        return (f"{target!r} is not one nginx directive with {{}} where the value goes and no ; # quotes "
+                "or other braces, e.g. \"limit_conn perserver {}\" or \"limit_req zone=api burst={}\"")
+    return None
+
 
 PROFILE = Profile(
     name="nginx",

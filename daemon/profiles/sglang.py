@@ -5,7 +5,16 @@ families prefixed `sglang:`, labelled model_name. Names from "Production Metrics
 sglang:token_usage (0..1), TPOT sglang:inter_token_latency_seconds (older servers:
 sglang:time_per_output_token_seconds). Its running-request cap is set live through
 `POST /set_internal_state` where the server version has it."""
+import re
+
 from daemon.profiles import Counter, Gauge, Histogram, Profile, Setting
+
+KEY = re.compile(r"[a-z_][a-z0-9_]*")   # what a [control.targets] entry names: a server argument
+
+
+def target_error(target: str) -> str | None:
+    return None if KEY.fullmatch(target) else f"{target!r} is not an SGLang server argument name (e.g. max_running_requests)"
+
 
 PROFILE = Profile(
     name="sglang",

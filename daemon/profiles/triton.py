@@ -8,9 +8,19 @@ compute time is its batch's, so Δcompute / Δrequests is the mean batch time. B
 settings go in with `POST /v2/repository/models/<model>/load` and a config override
 (https://docs.nvidia.com/deeplearning/triton-inference-server/user-guide/docs/protocol/extension_model_repository.html),
 which swaps the model in without dropping requests."""
+import re
+
 from daemon.profiles import Counter, Gauge, Profile, Ratio, Setting
 
 US = 1e-6
+
+PATH = re.compile(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*")   # what a [control.targets] entry names
+
+
+def target_error(target: str) -> str | None:
+    return None if PATH.fullmatch(target) else \
+        f"{target!r} is not a dotted field path of Triton's model config, e.g. dynamic_batching.max_queue_delay_microseconds"
+
 
 PROFILE = Profile(
     name="triton",

@@ -6,7 +6,8 @@ POST /runtime_modify takes the keys as query parameters and answers "OK\\n"
 import pytest
 
 from daemon.control.actuators import ActuatorError
-from daemon.control.actuators.envoy import EnvoyActuator, target_error
+from daemon.control.actuators.envoy import EnvoyActuator
+from daemon.profiles.envoy import target_error
 from tests.actuators.conftest import Answer
 
 KEY = "circuit_breakers.inference.default.max_requests"

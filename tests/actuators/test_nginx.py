@@ -11,7 +11,8 @@ import pytest
 
 from daemon.config import ConfigError, load
 from daemon.control.actuators import ActuatorError
-from daemon.control.actuators.nginx import NginxActuator, _boot_ticks, target_error, workers
+from daemon.control.actuators.nginx import NginxActuator, _boot_ticks, workers
+from daemon.profiles.nginx import target_error
 from tests.actuators.real_servers import nginx
 
 TARGETS = {"concurrency_limit": "limit_conn perserver {}"}

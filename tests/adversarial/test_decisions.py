@@ -11,7 +11,7 @@ import pytest
 
 from daemon import config
 from daemon.control.actuators.http_json import HttpJsonActuator
-from daemon.control.audit import AuditLog, Outcome
+from daemon.store.audit import AuditLog, Outcome
 from daemon.control.guard_state import GuardFile
 from daemon.control.loop import ControlLoop
 from daemon.model.interval import Interval

@@ -15,7 +15,7 @@ import pytest
 from daemon.config import Bounds, Config, Control, ServiceConf, TunerConf
 from daemon.control.actuators import ActuatorError
 from daemon.control.actuators.http_json import HttpJsonActuator
-from daemon.control.audit import AuditLog
+from daemon.store.audit import AuditLog
 from daemon.model.interval import Interval
 from daemon.control.loop import ControlLoop
 from daemon.model.service import ServiceSpec

@@ -1,4 +1,4 @@
-"""A fleet of three hosts on this machine (bench/fleet.py: network namespaces, each with its own
+"""A fleet of three hosts on this machine (daemon/demo/fleet_hosts.py: network namespaces, each with its own
 reference stack and slotune daemon, one real Prometheus scraping them by instance with the
 shipped rules): the host whose inference server is CPU-throttled raises SlotuneHostOutlier, the
 other two never do, and the fleet dashboard's table lists one row per host, the slow one first."""
@@ -9,7 +9,7 @@ import time
 import pytest
 import yaml
 
-from bench import fleet
+from daemon.demo import fleet_hosts as fleet
 from bench.sim import fleet_bench
 
 FOR = "10s"      # the shipped rule holds for 10m; nothing else in the test copy differs

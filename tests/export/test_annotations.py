@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from daemon.control.audit import Entry, Outcome
+from daemon.store.audit import Entry, Outcome
 from daemon.export.annotations import GrafanaAnnotations, base_url
 from daemon.export.sinks import ExportCounters, Outbox
 from reference_stack.launcher import free_ports

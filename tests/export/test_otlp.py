@@ -19,7 +19,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (Export
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client import generate_latest
 
-from daemon.control.audit import Outcome
+from daemon.store.audit import Outcome
 from daemon.export import sinks
 from reference_stack.launcher import free_ports
 from tests.export.conftest import Listener, metric_value, steps, wait_for

@@ -11,6 +11,7 @@ import pytest
 
 from daemon.model.service import ServiceSpec
 from daemon.collectors.kernel import targeting as targeting_module
+from daemon.host.proc_clock import CLOCK_TICKS, uptime_s
 from daemon.collectors.kernel.targeting import Targeting, TargetingError
 from tests.probes.conftest import collected, hist
 
@@ -22,7 +23,7 @@ def older_than_a_walk(pid: int) -> None:
     """Returns once pid started before any walk from now would count it as started since
     (a walk's start is taken a second early)."""
     started = targeting_module.stat_identity(pid)[1]
-    while targeting_module.uptime_s() * targeting_module.CLOCK_TICKS - targeting_module.CLOCK_TICKS <= started:
+    while uptime_s() * CLOCK_TICKS - CLOCK_TICKS <= started:
         time.sleep(0.05)
 
 
@@ -213,8 +214,8 @@ def test_a_process_is_asked_for_its_sockets_once_and_only_if_started_since_the_w
     targeting.scan_budget_s = 10.0
     new = spawn("sleeper", f"{tag}-new", 1, 0.01, 0.0)
     started = targeting_module.stat_identity(new.pid)[1]
-    while targeting_module.uptime_s() * targeting_module.CLOCK_TICKS < started + \
-            targeting_module.SETTLING_S * targeting_module.CLOCK_TICKS:
+    while uptime_s() * CLOCK_TICKS < started + \
+            targeting_module.SETTLING_S * CLOCK_TICKS:
         time.sleep(0.05)                         # settled: matched (to no service) and kept
     targeting.scan()
     assert old.pid in targeting.seen and new.pid in targeting.seen

@@ -18,7 +18,7 @@ import pytest
 from daemon import config
 from daemon.collectors.service_metrics import ServiceMetricsCollector
 from daemon.control.actuators.file import FileActuator
-from daemon.control.audit import AuditLog, Outcome
+from daemon.store.audit import AuditLog, Outcome
 from daemon.control.loop import ControlLoop
 from daemon.model import window
 from daemon.model.histogram import Histogram
@@ -416,7 +416,7 @@ def test_every_profile_cites_its_page_and_is_in_the_targets_table():
 def test_every_live_setting_names_an_actuator_that_takes_its_target():
     """The profiles' declarations and the actuators' forms agree (placeholders filled as a user would)."""
     from daemon import profiles
-    from daemon.control.actuators import target_error
+    from daemon.profiles import target_error
     filled = {"BACKEND/SERVER": "be_app/app", "ZONE": "perserver", "CLUSTER": "vllm"}
     for p in profiles.every():
         for s in p.settings or ():

@@ -10,7 +10,7 @@ import numpy as np
 
 from daemon import config
 from daemon.control.actuators import for_control
-from daemon.control.audit import AuditLog, Outcome
+from daemon.store.audit import AuditLog, Outcome
 from daemon.control.loop import ControlLoop
 from daemon.model.histogram import Histogram
 from daemon.model.interval import Interval

@@ -1,6 +1,7 @@
 """Every probe family slotune has, in the order their programs are built and
 their signals numbered. Adding one is its module beside this file, its
-bpf/<name>.bpf.c, and one entry in FAMILIES."""
+bpf/<name>.bpf.c, and one entry in FAMILIES. Their signals are registered with
+the exporter here, beside the kernel collector's own."""
 from __future__ import annotations
 
 from daemon.collectors.kernel.exec import Exec
@@ -10,8 +11,15 @@ from daemon.collectors.kernel.offcpu import OffCpu
 from daemon.collectors.kernel.runqueue import RunQueue
 from daemon.collectors.kernel.tcp import Tcp
 from daemon.collectors.kernel.tls import Tls
+from daemon.export.samples import register_signals
 
 FAMILIES: dict[str, type[Family]] = {f.name: f for f in (RunQueue, OffCpu, Tcp, Tls, Http, Exec)}
+
+register_signals({s.name: (s.metric, s.label, s.kind, s.help) for f in FAMILIES.values() for s in f.signals})
+register_signals({     # the kernel collector's own, beside its families'
+    "processes": ("slotune_service_processes", None, "gauge",
+                  "Processes currently found for the service"),
+})
 
 # Signal ids shared with the C side as SIG_<NAME>, numbered from 1 in FAMILIES
 # order; both sides are built together, so an id never outlives one program.

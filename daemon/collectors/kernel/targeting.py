@@ -15,6 +15,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from daemon.host.proc_clock import CLOCK_TICKS, uptime_s
 from daemon.model.service import ServiceSpec
 
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -26,7 +27,6 @@ SCAN_BUDGET_S = 0.25
 # A process this young may still be turning into what it will be (a forked worker
 # drops privileges and renames itself after the fork): a miss is not remembered.
 SETTLING_S = 2.0
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 log = logging.getLogger(__name__)
 
@@ -104,12 +104,6 @@ def stat_identity(pid: int) -> tuple[bytes, int] | None:
         os.close(fd)
     close = raw.rfind(b")")
     return raw[raw.find(b"(") + 1:close], int(raw[close + 2:].split(None, 20)[19])
-
-
-def uptime_s() -> float:
-    """Seconds since boot, the clock of a process's start time in /proc/<pid>/stat."""
-    with open("/proc/uptime") as f:
-        return float(f.read().split()[0])
 
 
 def cgroup_paths(pid: int) -> dict[str, str]:

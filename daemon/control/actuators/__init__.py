@@ -8,14 +8,8 @@ import math
 from typing import Callable, Protocol
 
 from daemon.config import Control
-
-
-class ActuatorError(RuntimeError):
-    """unreachable: the surface did not answer (back off and retry); else it refused the change."""
-
-    def __init__(self, message: str, unreachable: bool = True):
-        super().__init__(message)
-        self.unreachable = unreachable
+from daemon.model.errors import ActuatorError as ActuatorError
+from daemon.profiles import SURFACES
 
 
 class Actuator(Protocol):
@@ -36,19 +30,9 @@ def for_control(control: Control, owns: Callable[[int], bool] | None = None) -> 
                             settings_key="settings" if control.kind == "reference" else "")
 
 
-# the kinds with a module of that name here, which has from_control(Control) and target_error(target)
-SURFACES = ("haproxy", "nginx", "envoy", "triton", "sglang", "litellm")
-
-
 def _surface(kind: str):
+    """The module of that name here, which has from_control(Control)."""
     return importlib.import_module(f"daemon.control.actuators.{kind}")
-
-
-def target_error(kind: str, target: str) -> str | None:
-    """Why target cannot be what a setting is on a service of this actuator kind, or None."""
-    if kind not in SURFACES:
-        return f"the {kind} actuator takes no [control.targets] table"
-    return _surface(kind).target_error(target)
 
 
 def on_service(changes: dict[str, float], targets: dict[str, str]) -> dict[str, float]:

@@ -9,18 +9,11 @@ Endpoints: envoyproxy.io/docs/envoy/latest/operations/admin ("POST /runtime_modi
 from __future__ import annotations
 
 import math
-import re
 from urllib.parse import urlencode
 
 from daemon.config import Control
 from daemon.control.actuators import ActuatorError, as_settings, on_service, plain, verified
 from daemon.control.actuators.http_json import call, call_json
-
-KEY = re.compile(r"[A-Za-z0-9_.-]+")
-
-
-def target_error(target: str) -> str | None:
-    return None if KEY.fullmatch(target) else f"{target!r} is not an Envoy runtime key (letters, digits, _ . -)"
 
 
 def from_control(control: Control) -> "EnvoyActuator":

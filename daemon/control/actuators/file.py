@@ -14,7 +14,7 @@ from typing import Callable
 
 from daemon.config import signal_number
 from daemon.control.actuators import ActuatorError, numeric_settings, plain
-from daemon.control.actuators.safe_files import read_regular, replace_file
+from daemon.host.safe_files import read_regular, replace_file
 from daemon.host.untrusted import Untrusted, json_value
 
 SETTINGS_MAX_BYTES = 1 << 20

@@ -17,33 +17,14 @@ import time
 
 from daemon.config import Control
 from daemon.control.actuators import ActuatorError, read_back
+from daemon.profiles.haproxy import FORMS, form
 
 MAX_ANSWER_BYTES = 4 << 20
 LARGEST = 2**31 - 1          # HAProxy's limits are signed 32-bit
-NAME = r"[A-Za-z0-9_.:-]+"   # the characters HAProxy allows in proxy and server names
-TARGETS = {   # the form of a target -> how its value is read back
-    re.compile(rf"maxconn server (?P<proxy>{NAME})/(?P<server>{NAME})"): "stat",
-    re.compile(rf"maxconn frontend (?P<proxy>{NAME})"): "stat",
-    re.compile(r"maxconn global"): "Maxconn",
-    re.compile(r"rate-limit sessions global"): "SessRateLimit",
-    re.compile(r"rate-limit connections global"): "ConnRateLimit",
-}
-FORMS = "maxconn server BACKEND/SERVER, maxconn frontend FRONTEND, maxconn global, " \
-        "rate-limit sessions global or rate-limit connections global"
-
-
-def target_error(target: str) -> str | None:
-    if _form(target) is None:
-        return f"{target!r} is not a HAProxy limit slotune sets; one of {FORMS}"
-    return None
 
 
 def from_control(control: Control) -> "HaproxyActuator":
     return HaproxyActuator(control.address, control.targets)
-
-
-def _form(target: str):
-    return next(((m, how) for rx, how in TARGETS.items() if (m := rx.fullmatch(target))), None)
 
 
 class HaproxyActuator:
@@ -81,7 +62,7 @@ class HaproxyActuator:
 
     def _read(self, settings) -> dict[str, float]:
         """The value in force of each of these settings, from one `show stat` and one `show info` at most."""
-        forms = {s: _form(self.targets[s]) for s in settings}
+        forms = {s: form(self.targets[s]) for s in settings}
         stat = self._stat() if any(how == "stat" for _, how in forms.values()) else {}
         info = self._info() if any(how != "stat" for _, how in forms.values()) else {}
         out = {}

@@ -10,7 +10,7 @@ import http.client
 import json
 
 from daemon.control.actuators import ActuatorError, numeric_settings, plain
-from daemon.control.actuators.safe_files import read_token
+from daemon.host.safe_files import read_token
 from daemon.host.http_exchange import TooLarge, exchange
 from daemon.host.untrusted import Untrusted, json_value
 

@@ -15,9 +15,9 @@ from urllib.parse import quote
 from daemon.config import Control
 from daemon.control.actuators import ActuatorError, as_settings, numeric_settings, on_service, plain, verified
 from daemon.control.actuators.http_json import call_json
-from daemon.control.actuators.safe_files import read_token
+from daemon.host.safe_files import read_token
+from daemon.profiles.litellm import LIMITS
 
-LIMITS = ("max_parallel_requests", "rpm_limit", "tpm_limit")
 PER_MINUTE = ("rpm_limit", "tpm_limit")
 
 
@@ -28,10 +28,6 @@ def _wire(limit: str, value: float) -> float:
 
 def _setting(limit: str, value: float) -> float:
     return value / 60 if limit in PER_MINUTE else value
-
-
-def target_error(target: str) -> str | None:
-    return None if target in LIMITS else f"{target!r} is not a LiteLLM key limit; one of {', '.join(LIMITS)}"
 
 
 def from_control(control: Control) -> "LitellmActuator":

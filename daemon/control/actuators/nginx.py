@@ -17,22 +17,14 @@ import re
 import subprocess
 import time
 
-from daemon.collectors.kernel.targeting import CLOCK_TICKS, uptime_s
 from daemon.config import Control
 from daemon.control.actuators import ActuatorError, plain, read_back
-from daemon.control.actuators.safe_files import read_regular, replace_file
+from daemon.host.proc_clock import CLOCK_TICKS, uptime_s
+from daemon.host.safe_files import read_regular, replace_file
 
 INCLUDE_MAX_BYTES = 1 << 16
 PID_FILE_MAX_BYTES = 64
 NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
-TEMPLATE = re.compile(r"[a-z_]+ [^;{}#\n\"'\\]*\{\}[^;{}#\n\"'\\]*")   # one directive, one {} for the value
-
-
-def target_error(target: str) -> str | None:
-    if not TEMPLATE.fullmatch(target) or target.count("{}") != 1:
-        return (f"{target!r} is not one nginx directive with {{}} where the value goes and no ; # quotes "
-                "or other braces, e.g. \"limit_conn perserver {}\" or \"limit_req zone=api burst={}\"")
-    return None
 
 
 def directive_line(target: str) -> re.Pattern:

@@ -9,17 +9,9 @@ sgl-project/sglang python/sglang/srt/entrypoints/http_server.py (set_internal_st
 get_server_info); which keys are live depends on the server's version."""
 from __future__ import annotations
 
-import re
-
 from daemon.config import Control
 from daemon.control.actuators import ActuatorError, as_settings, numeric_settings, on_service, plain, verified
 from daemon.control.actuators.http_json import call_json
-
-KEY = re.compile(r"[a-z_][a-z0-9_]*")
-
-
-def target_error(target: str) -> str | None:
-    return None if KEY.fullmatch(target) else f"{target!r} is not an SGLang server argument name (e.g. max_running_requests)"
 
 
 def from_control(control: Control) -> "SglangActuator":

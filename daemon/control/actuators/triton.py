@@ -20,13 +20,6 @@ from daemon.config import Control
 from daemon.control.actuators import ActuatorError, numeric_settings, verified
 from daemon.control.actuators.http_json import call_json
 
-PATH = re.compile(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*")
-
-
-def target_error(target: str) -> str | None:
-    return None if PATH.fullmatch(target) else \
-        f"{target!r} is not a dotted field path of Triton's model config, e.g. dynamic_batching.max_queue_delay_microseconds"
-
 
 def from_control(control: Control) -> "TritonActuator":
     return TritonActuator(control.url, control.model, control.targets, control.token_file)
