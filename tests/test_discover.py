@@ -215,3 +215,52 @@ def test_a_stats_socket_below_level_admin_is_written_with_a_comment(tmp_path):
     assert (service.control.address, service.control.targets) == \
         (f"{tmp_path}/ops.sock", {"concurrency_limit": "maxconn frontend fe_many"})
     assert (service.settings["concurrency_limit"].max, service.spec.slo_p99_s) == (300, 0.8)
+
+
+# A stand-in for an engine with workers (vLLM's API server and its engine processes): the
+# parent serves a /metrics page with vLLM's family names on one port; its child listens on two
+# loopback ports and never answers, as the workers' ZMQ and torch.distributed sockets do.
+ENGINE = """
+import socket, subprocess, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+PAGE = b"# TYPE vllm:num_requests_running gauge\\nvllm:num_requests_running{model_name=\\"m\\"} 0.0\\n"
+class Metrics(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", str(len(PAGE))); self.end_headers()
+        self.wfile.write(PAGE)
+    def log_message(self, *args):
+        pass
+CHILD = "import socket, time\\nfor _ in range(2):\\n    s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); print(s.getsockname()[1], flush=True); globals().setdefault('keep', []).append(s)\\ntime.sleep(600)"
+server = HTTPServer(("127.0.0.1", 0), Metrics)
+child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
+ports = [child.stdout.readline().strip() for _ in range(2)]
+print(server.server_port, *ports, flush=True)
+server.serve_forever()
+"""
+
+
+@pytest.fixture
+def engine_with_workers():
+    """(the engine's metrics port, its child's two silent loopback ports)."""
+    proc = subprocess.Popen([sys.executable, "-c", ENGINE], stdout=subprocess.PIPE, text=True)
+    try:
+        api, *workers = map(int, proc.stdout.readline().split())
+        yield api, workers
+    finally:
+        subprocess.run(["pkill", "-P", str(proc.pid)])
+        proc.kill()
+        proc.wait()
+
+
+def test_a_services_own_workers_loopback_ports_are_left_out_unprobed(engine_with_workers):
+    """vLLM's 13 worker ports were listed as services and each sent GETs (28 s at --timeout 2)."""
+    api, workers = engine_with_workers
+    listed = discover("--timeout", "5")
+    assert listed.returncode == 0, listed.stderr
+    table = rows(listed.stdout)
+    assert table[api]["PROFILE"] == "vllm" and not set(workers) & set(table)
+    left_out = next(line for line in listed.stdout.splitlines() if line.startswith("left out:"))
+    assert f"({', '.join(map(str, sorted(workers)))})" in left_out and "--internal" in left_out
+    # --internal probes them too (each waits out --timeout: they never answer) and lists them
+    every = discover("--timeout", "0.5", "--internal")
+    assert set(workers) <= set(rows(every.stdout)) and "left out:" not in every.stdout

@@ -34,6 +34,7 @@ EXAMPLES = """  slotune discover                               # the table, then
   slotune discover --pick 8000,8404 --write slotune.toml   # by port
   slotune discover --pick 8080 --slo-ms 800 --write slotune.toml   # HAProxy's frontend, throttled to P99 800 ms
   slotune discover --timeout 0.5 --no-probe       # names and ports only: nothing is sent to any port
+  slotune discover --internal                     # also the loopback ports of a service's own child processes
 """
 PROBE_PATHS = ("/metrics", "/stats/prometheus", "/stub_status", "/nginx_status", "/basic_status")
 MAX_BYTES = 1 << 20
@@ -61,6 +62,7 @@ class Listener:
     name: str = ""
     admission: haproxy_config.Admission | None = None    # where its concurrency limit is set, from its own config
     hints: list[str] = field(default_factory=list)       # what of its own config could not be read, and why
+    loopback_only: bool = False    # every socket listening on this port is bound to a loopback address
 
     @property
     def probes(self) -> tuple[str, ...]:
@@ -74,6 +76,9 @@ def add_arguments(parser) -> None:
                                                         "instead of printing it")
     parser.add_argument("--timeout", type=float, default=0.5, help="seconds per probe of a port (default 0.5)")
     parser.add_argument("--no-probe", action="store_true", help="send nothing to any port: names and ports only")
+    parser.add_argument("--internal", action="store_true",
+                        help="also probe and list loopback-only ports of a recognised service's child processes "
+                             "(an engine's workers: vLLM's, Ray's), which are left out by default")
     parser.add_argument("--metrics-path", action="append", default=[], metavar="PATH",
                         help=f"also probe this path (probed: {', '.join(PROBE_PATHS)}); e.g. where haproxy.cfg "
                              "serves its prometheus-exporter")
@@ -85,16 +90,66 @@ def listeners() -> list[Listener]:
     """One per (network namespace, port): the process that listens there with the lowest pid (the master)."""
     found: dict[tuple[int, int], Listener] = {}
     tables: dict[int, dict[int, int]] = {}
+    loopback: dict[int, set[int]] = {}
     for entry in sorted((int(p) for p in os.listdir("/proc") if p.isdigit())):
         netns = netns_of(entry)
         if netns is None or entry == os.getpid():
             continue
-        table = tables.setdefault(netns, listening_table(f"/proc/{entry}/net"))
+        if netns not in tables:
+            tables[netns], loopback[netns] = listening_table(f"/proc/{entry}/net"), loopback_ports(f"/proc/{entry}/net")
+        table = tables[netns]
         for inode in socket_inodes(entry) & table.keys():
             key = (netns, table[inode])
             if key not in found:
-                found[key] = Listener(table[inode], netns, entry, _comm(entry), command_line(entry))
+                found[key] = Listener(table[inode], netns, entry, _comm(entry), command_line(entry),
+                                      loopback_only=table[inode] in loopback[netns])
     return sorted(found.values(), key=lambda listener: (listener.netns != netns_of(os.getpid()), listener.port))
+
+
+LOOPBACK = re.compile(r"[0-9A-F]{6}7F|0{24}01000000|0{16}FFFF0000[0-9A-F]{6}7F")   # 127/8, ::1, ::ffff:127/104
+
+
+def loopback_ports(net_dir: str) -> set[int]:
+    """Ports of this namespace whose every listening socket is bound to a loopback address
+    (<net_dir>/tcp and tcp6 write an address as 32-bit words in host order, hex)."""
+    addresses: dict[int, set[bool]] = {}
+    for name in ("tcp", "tcp6"):
+        try:
+            with open(f"{net_dir}/{name}") as f:
+                next(f, None)
+                for line in f:
+                    fields = line.split()
+                    if len(fields) > 3 and fields[3] == "0A":   # TCP_LISTEN
+                        address, _, port = fields[1].partition(":")
+                        addresses.setdefault(int(port, 16), set()).add(bool(LOOPBACK.fullmatch(address.upper())))
+        except (OSError, ValueError):
+            pass
+    return {port for port, kinds in addresses.items() if kinds == {True}}
+
+
+def parent_of(pid: int) -> int:
+    """The process's parent (0 where it is gone or unreadable)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def ancestors(pid: int) -> list[int]:
+    out, seen = [], {pid}
+    while (pid := parent_of(pid)) > 1 and pid not in seen:
+        out.append(pid)
+        seen.add(pid)
+    return out
+
+
+def internal_to(listener: Listener, found: list[Listener]) -> Listener | None:
+    """The recognised service whose own child process listens here on loopback only (an
+    engine's workers: vLLM's talk to its API server on ports nobody else calls), if any."""
+    if not listener.loopback_only:
+        return None
+    above = set(ancestors(listener.pid))
+    return next((s for s in found if s.metrics_url and s.pid in above and s.netns == listener.netns), None)
 
 
 def _comm(pid: int) -> str:
@@ -327,17 +382,26 @@ def _share_metrics(found: list[Listener]) -> None:
 
 def run(args) -> int:
     found, own = listeners(), netns_of(os.getpid())
-    for listener in found:
-        if not args.no_probe and listener.netns == own and listener.process not in NOT_HTTP:
+    internal: dict[str, list[Listener]] = {}      # service -> its child processes' loopback ports
+    depth = {s.pid: len(ancestors(s.pid)) for s in found}
+    for listener in sorted(found, key=lambda s: (depth[s.pid], s.loopback_only, s.port)):   # parents first
+        if not args.internal and (service := internal_to(listener, found)) is not None:
+            internal.setdefault(f"{printable(service.process)}[{service.pid}]", []).append(listener)
+        elif not args.no_probe and listener.netns == own and listener.process not in NOT_HTTP:
             probe(listener, args.timeout, (*args.metrics_path, *PROBE_PATHS))
         elif (by_name := by_process(listener)) is not None:
             listener.profile = by_name.name
+    left_out = {id(s) for ports in internal.values() for s in ports}
+    found = [s for s in found if id(s) not in left_out]
     for s in found:
         if s.netns == own and (reader := OWN_CONFIG.get(s.profile)) is not None:
             s.admission, s.hints = _writable(*reader(s.pid, s.port))
     _share_metrics(found)
     name_them(found)
     print(table(found))
+    for service, ports in internal.items():
+        print(f"left out: {len(ports)} loopback port(s) of {service}'s child processes, its own workers' "
+              f"({', '.join(str(s.port) for s in sorted(ports, key=lambda s: s.port))}); --internal lists them")
     wanted = [n for n in args.pick.split(",") if n]
     chosen = {n: [s for s in found if n == s.name or n == str(s.port) and s.netns == own] for n in wanted}
     unknown = [n for n, got in chosen.items() if len(got) != 1]
