@@ -20,7 +20,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from daemon import config, profiles
-from daemon.collectors.kernel.targeting import command_line, listening_table, netns_of, socket_inodes
+from daemon.collectors.kernel.targeting import command_line, listening_rows, listening_table, netns_of, socket_inodes
 from daemon.collectors.service_metrics import parse_stub_status
 from daemon.profiles.haproxy import target_error
 from daemon.control.tuner_specs import SPECS
@@ -111,19 +111,10 @@ LOOPBACK = re.compile(r"[0-9A-F]{6}7F|0{24}01000000|0{16}FFFF0000[0-9A-F]{6}7F")
 
 def loopback_ports(net_dir: str) -> set[int]:
     """Ports of this namespace whose every listening socket is bound to a loopback address
-    (<net_dir>/tcp and tcp6 write an address as 32-bit words in host order, hex)."""
+    (the kernel writes an address as 32-bit words in host order, hex)."""
     addresses: dict[int, set[bool]] = {}
-    for name in ("tcp", "tcp6"):
-        try:
-            with open(f"{net_dir}/{name}") as f:
-                next(f, None)
-                for line in f:
-                    fields = line.split()
-                    if len(fields) > 3 and fields[3] == "0A":   # TCP_LISTEN
-                        address, _, port = fields[1].partition(":")
-                        addresses.setdefault(int(port, 16), set()).add(bool(LOOPBACK.fullmatch(address.upper())))
-        except (OSError, ValueError):
-            pass
+    for _, address, port in listening_rows(net_dir):
+        addresses.setdefault(port, set()).add(bool(LOOPBACK.fullmatch(address.upper())))
     return {port for port, kinds in addresses.items() if kinds == {True}}
 
 

@@ -211,6 +211,10 @@ def test_a_process_is_asked_for_its_sockets_once_and_only_if_started_since_the_w
     walked = []
     real = targeting_module.socket_inodes
     monkeypatch.setattr(targeting_module, "socket_inodes", lambda pid: walked.append(pid) or real(pid))
+    # The subject is a scan between walks: a port opened elsewhere on the host meanwhile (another
+    # test run, any server starting) rightly makes the next scan walk every process.
+    unchanged = targeting.listen_inodes
+    monkeypatch.setattr(targeting_module, "listening_sockets", lambda tables: unchanged)
     targeting.scan_budget_s = 10.0
     new = spawn("sleeper", f"{tag}-new", 1, 0.01, 0.0)
     started = targeting_module.stat_identity(new.pid)[1]

@@ -160,7 +160,13 @@ def netns_of(pid: int) -> int | None:
 def listening_table(net_dir: str) -> dict[int, int]:
     """Listening TCP sockets of one network namespace, socket inode -> port, from
     <net_dir>/tcp and tcp6: /proc/net is our own namespace, /proc/<pid>/net the process's."""
-    out = {}
+    return {inode: port for inode, _, port in listening_rows(net_dir)}
+
+
+def listening_rows(net_dir: str) -> list[tuple[int, str, int]]:
+    """(socket inode, local address as the kernel writes it: hex, port) of each listening
+    TCP socket in <net_dir>/tcp and tcp6."""
+    out = []
     for name in ("tcp", "tcp6"):
         try:
             with open(f"{net_dir}/{name}") as f:
@@ -168,7 +174,8 @@ def listening_table(net_dir: str) -> dict[int, int]:
                 for line in f:
                     fields = line.split()
                     if len(fields) > 9 and fields[3] == "0A":   # TCP_LISTEN
-                        out[int(fields[9])] = int(fields[1].rpartition(":")[2], 16)
+                        address, _, port = fields[1].rpartition(":")
+                        out.append((int(fields[9]), address, int(port, 16)))
         except (OSError, ValueError):
             pass
     return out
