@@ -93,6 +93,11 @@ def test_the_default_install_pulls_in_neither_the_stack_nor_the_report(venv):
     assert present == [], f"installed without being asked for: {present}"
 
 
+def test_the_benches_and_tests_are_not_installed(venv):
+    probe = venv.run(venv.python, "-c", "import importlib.util as u; print(u.find_spec('bench'), u.find_spec('tests'))")
+    assert probe.returncode == 0 and probe.stdout.split() == ["None", "None"], probe.stdout + probe.stderr
+
+
 def test_help(venv):
     out = venv.slotune("--help")
     assert out.returncode == 0, out.stderr
