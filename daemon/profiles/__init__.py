@@ -229,7 +229,7 @@ def _ratio(fam: str, r: Ratio, counters: dict) -> dict[Key, BucketHistogram]:
 
 
 # --- the registry ------------------------------------------------------------------------
-NAMES = ("reference", "vllm", "sglang", "tgi", "triton", "ollama", "haproxy", "nginx", "envoy", "litellm")
+NAMES = ("reference", "vllm", "sglang", "tgi", "triton", "ollama", "llamacpp", "haproxy", "nginx", "envoy", "litellm")
 DEFAULT = "reference"
 
 

@@ -110,3 +110,48 @@ def litellm(n: int) -> str:
             + f'litellm_deployment_total_requests_total{{litellm_model_name="gpt-4o"}} {12 * n}\n'
             + "# TYPE litellm_deployment_failure_responses_total counter\n"
             + f'litellm_deployment_failure_responses_total{{litellm_model_name="gpt-4o"}} {n}\n')
+
+
+def llamacpp(n: int) -> str:
+    """llama-server --metrics, as the handler in ggml-org/llama.cpp examples/server/server.cpp
+    at 61e588abcc3e418681e9528b46d61f5b23225fe2 writes it: HELP, TYPE and one sample per
+    family, `llamacpp:` prefix, no labels, counters then gauges, each value a double put on a
+    stringstream (6 significant digits). A stand-in: no llama.cpp runs in the test suite.
+    Per interval 120 prompt and 300 generated tokens in 40 decodes; 3 requests processing,
+    5 deferred, KV 0.375 used."""
+    return ("# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.\n"
+            "# TYPE llamacpp:prompt_tokens_total counter\n"
+            f"llamacpp:prompt_tokens_total {120 * n}\n"
+            "# HELP llamacpp:prompt_seconds_total Prompt process time\n"
+            "# TYPE llamacpp:prompt_seconds_total counter\n"
+            f"llamacpp:prompt_seconds_total {0.25 * n:g}\n"
+            "# HELP llamacpp:tokens_predicted_total Number of generation tokens processed.\n"
+            "# TYPE llamacpp:tokens_predicted_total counter\n"
+            f"llamacpp:tokens_predicted_total {300 * n}\n"
+            "# HELP llamacpp:tokens_predicted_seconds_total Predict process time\n"
+            "# TYPE llamacpp:tokens_predicted_seconds_total counter\n"
+            f"llamacpp:tokens_predicted_seconds_total {7.5 * n:g}\n"
+            "# HELP llamacpp:n_decode_total Total number of llama_decode() calls\n"
+            "# TYPE llamacpp:n_decode_total counter\n"
+            f"llamacpp:n_decode_total {40 * n}\n"
+            "# HELP llamacpp:n_busy_slots_per_decode Average number of busy slots per llama_decode() call\n"
+            "# TYPE llamacpp:n_busy_slots_per_decode counter\n"
+            "llamacpp:n_busy_slots_per_decode 2.75\n"
+            "# HELP llamacpp:prompt_tokens_seconds Average prompt throughput in tokens/s.\n"
+            "# TYPE llamacpp:prompt_tokens_seconds gauge\n"
+            "llamacpp:prompt_tokens_seconds 480\n"
+            "# HELP llamacpp:predicted_tokens_seconds Average generation throughput in tokens/s.\n"
+            "# TYPE llamacpp:predicted_tokens_seconds gauge\n"
+            "llamacpp:predicted_tokens_seconds 40\n"
+            "# HELP llamacpp:kv_cache_usage_ratio KV-cache usage. 1 means 100 percent usage.\n"
+            "# TYPE llamacpp:kv_cache_usage_ratio gauge\n"
+            "llamacpp:kv_cache_usage_ratio 0.375\n"
+            "# HELP llamacpp:kv_cache_tokens KV-cache tokens.\n"
+            "# TYPE llamacpp:kv_cache_tokens gauge\n"
+            "llamacpp:kv_cache_tokens 1536\n"
+            "# HELP llamacpp:requests_processing Number of requests processing.\n"
+            "# TYPE llamacpp:requests_processing gauge\n"
+            "llamacpp:requests_processing 3\n"
+            "# HELP llamacpp:requests_deferred Number of requests deferred.\n"
+            "# TYPE llamacpp:requests_deferred gauge\n"
+            "llamacpp:requests_deferred 5\n")

@@ -179,6 +179,27 @@ def test_litellm_latency_and_ttft(stand_in):
     assert value(s.counters, "litellm_errors_total") == 1 and value(s.counters, "litellm_requests_total") == 12
 
 
+def test_llamacpp_slots_and_kv_from_its_metrics_page(stand_in):
+    s = one_interval("llamacpp", stand_in(exposition.llamacpp))
+    assert value(s.gauges, "llamacpp_num_requests_running") == 3        # requests_processing
+    assert value(s.gauges, "llamacpp_num_requests_waiting") == 5        # requests_deferred
+    assert value(s.gauges, "llamacpp_inflight_requests") == 8
+    assert value(s.gauges, "llamacpp_kv_cache_usage_ratio") == pytest.approx(0.375)
+    assert not s.histograms and not s.counters      # no latency, request or error count of its own
+    assert not any(f.startswith("llamacpp:") for f, _ in s.gauges)
+
+
+def test_llamacpp_is_recognised_by_its_page_and_its_processes():
+    from daemon.commands import discover
+    assert discover.recognise(exposition.llamacpp(1)).name == "llamacpp"
+    for process, cmdline in (("llama-server", "/opt/llama.cpp/build/bin/llama-server -m /models/q4.gguf "
+                                              "--port 8080 -np 4 --metrics"),
+                             ("python3", "/usr/bin/python3 -m llama_cpp.server --model /models/q4.gguf --port 8000")):
+        found = discover.by_process(discover.Listener(8080, 0, 1, process, cmdline))
+        assert found is not None and found.name == "llamacpp", cmdline
+    assert discover.by_process(discover.Listener(8080, 0, 1, "python3", "python3 -m http.server 8080")) is None
+
+
 def test_the_reference_profile_keeps_its_families_names(stand_in):
     def text(n):
         return ("# TYPE inference_queue_wait_seconds histogram\n"
