@@ -2,9 +2,9 @@
 default): POST /generate {"prompt", "max_new_tokens"?} runs the decoder through
 the request-level dynamic batcher and answers {"text", "tokens", "batch_size",
 "queue_wait_s"}. llm: OpenAI-compatible completions over continuous batching
-(reference_stack/llm/). CUDA when torch sees a GPU, CPU otherwise. generate
---paced: no model, each batch timed by a clock (reference_stack/paced.py), for a
-capacity that is the same on every host."""
+(reference_stack/llm/). CUDA when torch sees a GPU, CPU otherwise. --paced: no
+model, each batch (generate) or engine step (llm) timed by a clock
+(reference_stack/paced.py), for a capacity that is the same on every host."""
 from __future__ import annotations
 
 import argparse
@@ -60,9 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"llm: the KV cache's capacity in tokens over all sequences (default "
                              f"{llm_server.KV_CACHE_TOKENS}); when full, the newest sequence is preempted")
     parser.add_argument("--paced", metavar="STEP_MS,PER_SEQ_MS[,JITTER]", default=None,
-                        help="generate: no model; a batch takes its longest answer's tokens x (STEP_MS + "
-                             "PER_SEQ_MS x its size) ms of a clock, times 1 + JITTER x a seeded normal draw: "
-                             "a capacity that is the same on every host (tests)")
+                        help="no model; generate: a batch takes its longest answer's tokens x (STEP_MS + "
+                             "PER_SEQ_MS x its size) ms of a clock, llm: each engine step STEP_MS + PER_SEQ_MS "
+                             "x its sequences, times 1 + JITTER x a seeded normal draw: a capacity that is the "
+                             "same on every host (tests)")
     parser.add_argument("--served-model-name", default=llm_server.SERVED_MODEL_NAME,
                         help=f"llm: the model name requests must give (default {llm_server.SERVED_MODEL_NAME})")
 
@@ -80,14 +81,12 @@ def build_app(args) -> web.Application:
         device = pick_device(args.device)
     except ValueError as e:
         raise SystemExit(f"inference: {e}") from None
-    if llm:
-        if args.paced:
-            raise SystemExit("inference: --paced is for --mode generate")
-        return llm_server.build_app(args, cfg, device, load_settings(llm_server.SETTINGS + [BLOCKING_IO], args))
     try:
         pace = Pace.parse(args.paced) if args.paced else None
     except ValueError as e:
         raise SystemExit(f"inference: {e}") from None
+    if llm:
+        return llm_server.build_app(args, cfg, device, load_settings(llm_server.SETTINGS + [BLOCKING_IO], args), pace)
     return _generate_app(args, cfg, device, pace)
 
 

@@ -38,6 +38,11 @@ class Pace:
         """Answers a second with full batches of size, each answer of tokens tokens, before jitter."""
         return size / self.batch_s(size, tokens)
 
+    def step(self, size: int) -> None:
+        """One continuous-batching engine step of size sequences (one token each): sleeps its time."""
+        scale = min(max(1.0 + self.jitter * self.rng.gauss(0.0, 1.0), 0.5), 1.5)
+        time.sleep((self.step_ms + self.per_seq_ms * size) / 1e3 * scale)
+
     def run(self, new_tokens: list[int]) -> list[list[int]]:
         """One batch: sleeps its time, answers each sequence its count of (placeholder) tokens."""
         scale = min(max(1.0 + self.jitter * self.rng.gauss(0.0, 1.0), 0.5), 1.5)

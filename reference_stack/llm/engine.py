@@ -12,12 +12,14 @@ from typing import Callable
 import torch
 
 from ..model import Decoder
+from ..paced import Pace
 from ..settings import Settings
 from .kv_cache import KVCache
 from .metrics import LlmMetrics
 from .scheduler import Scheduler, Sequence
 
 log = logging.getLogger("reference_stack.llm")
+PACED_TOKEN = 1          # what a paced step answers each sequence: any token of the vocabulary but none ends it
 
 # on_token(token, finish_reason or None) for each token; on_token(None, error message) when the step failed.
 TokenCallback = Callable[[int | None, str | None], None]
@@ -25,8 +27,9 @@ TokenCallback = Callable[[int | None, str | None], None]
 
 class Engine:
     def __init__(self, model: Decoder, device: torch.device, settings: Settings, kv_cache_tokens: int,
-                 metrics: LlmMetrics):
+                 metrics: LlmMetrics, pace: Pace | None = None):
         self.model = model
+        self.pace = pace                  # set: a step is slept by a clock (paced.py), the model is not run
         self.device = device
         self.settings = settings
         self.kv = KVCache(kv_cache_tokens)
@@ -106,6 +109,9 @@ class Engine:
 
     @torch.inference_mode()
     def _run(self, work: list[tuple[list[int], list | None]]) -> tuple[list[int], list]:
+        if self.pace is not None:
+            self.pace.step(len(work))
+            return [PACED_TOKEN] * len(work), [None] * len(work)
         chunks = [torch.tensor(ids, dtype=torch.long, device=self.device) for ids, _ in work]
         logits, caches = self.model.step_ragged(chunks, [layers for _, layers in work])
         sampled = logits.argmax(-1).tolist()          # waits for the device

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from .. import faults
 from ..model import Generator, ModelConfig
+from ..paced import Pace
 from ..service import make_app, token_file
 from ..settings import Setting, SettingError, Settings, _shown
 from .engine import Engine
@@ -64,11 +65,14 @@ SETTINGS = [
 ]
 
 
-def build_app(args, cfg: ModelConfig, device: torch.device, settings: Settings) -> web.Application:
-    """settings: SETTINGS and the blocking_io_ms fault, with their values from --set."""
+def build_app(args, cfg: ModelConfig, device: torch.device, settings: Settings,
+              pace: Pace | None = None) -> web.Application:
+    """settings: SETTINGS and the blocking_io_ms fault, with their values from --set; pace: each
+    engine step timed by a clock instead of the model (--paced)."""
     generator = Generator(cfg, device)
     try:
-        engine = Engine(generator.model, device, settings, args.kv_cache_tokens, LlmMetrics(cuda=device.type == "cuda"))
+        engine = Engine(generator.model, device, settings, args.kv_cache_tokens,
+                        LlmMetrics(cuda=device.type == "cuda" and pace is None), pace)
     except ValueError as e:
         raise SystemExit(f"inference: --kv-cache-tokens: {e}") from None
     limits = Limits(args.served_model_name, cfg.max_prompt_tokens + cfg.max_new_tokens, args.kv_cache_tokens)

@@ -1,4 +1,4 @@
-"""Live: the real inference server in LLM mode, read each second by the daemon's
+"""Live: the real inference server in LLM mode (paced: PACED below), read each second by the daemon's
 own service-metrics collector into windows; after a calm baseline a burst of
 streaming requests overfills its running batch, and the TTFT explanation must
 name queueing (the waiting sequences) as its top cause."""
@@ -15,14 +15,19 @@ from tests.stack.conftest import one_service
 
 CALM_S = 16          # at least 5 spans of 2 s with first tokens, before the recent 2 s
 BURST_S = 4          # judged after 3 s of it: its recent span lies inside the burst
-MAX_NUM_SEQS = 1     # a batch of one, so that a burst waits for places however fast the host
+MAX_NUM_SEQS = 1     # a batch of one, so that a burst waits for places
+# Paced capacity (reference_stack/paced.py): each engine step 1 ms + 0.25 ms a sequence, so at a
+# batch of one a 48-token answer takes 60 ms on any host (16.7 answers/s): the calm 2 requests/s
+# keep an eighth of it busy, and the burst's 20/s add 3 to the waiting line each second.
+PACED = ["--paced", "1,0.25,0.05"]
+BURST_RPS = 20.0
 
 
 def test_a_burst_past_the_running_batch_is_explained_by_waiting_sequences(tmp_path):
     files = launcher.init_run_dir(tmp_path)
     port = launcher.free_ports(1)[0]
     url = f"http://127.0.0.1:{port}"
-    args = ["inference", "--port", str(port), "--run-dir", str(tmp_path), *launcher.SMALL_LLM_MODEL,
+    args = ["inference", "--port", str(port), "--run-dir", str(tmp_path), *launcher.SMALL_LLM_MODEL, *PACED,
             "--token-file", str(files["token_file"]), "--set", f"max_num_seqs={MAX_NUM_SEQS}"]
     spec = ServiceSpec("inference", metrics_url=url + "/metrics",
                        latency_metric="inference_e2e_request_latency_seconds", slo_p99_s=30.0,
@@ -36,7 +41,7 @@ def test_a_burst_past_the_running_batch_is_explained_by_waiting_sequences(tmp_pa
         def load():
             run_llm_load(url + "/v1/completions", 2.0, CALM_S, prompt, output, timeout_s=30, seed=1)
             time.sleep(max(began + CALM_S - time.time(), 0))    # the calm load ends with its last answer
-            run_llm_load(url + "/v1/completions", 40.0, BURST_S, prompt, output, timeout_s=30, seed=2)
+            run_llm_load(url + "/v1/completions", BURST_RPS, BURST_S, prompt, output, timeout_s=30, seed=2)
         loader = threading.Thread(target=load, daemon=True)
         collector.collect(0.0, time.time())                     # the starting point of every delta
         began = start = time.time()

@@ -7,6 +7,7 @@ import pytest
 
 from reference_stack import launcher
 from reference_stack.client import StackClient
+from reference_stack.llm.load import Lengths, run_llm_load
 from reference_stack.paced import Pace
 from tests.stack.conftest import one_service
 
@@ -44,3 +45,22 @@ def test_a_paced_server_batches_and_takes_at_least_its_paced_time(tmp_path):
     # Batches of sizes s_i (summing to 8) sleep 12 x (20 + 2 x s_i) ms each, no jitter: together
     # 12 x (20 x batches + 16) ms, and a sleep is never shorter.
     assert batches >= 2 and slept >= 0.999 * 12 * (20 * batches + 2 * 8) / 1e3, (batches, slept)
+
+
+def test_a_paced_llm_server_streams_at_its_paced_step(tmp_path):
+    """--mode llm --paced: each engine step sleeps step + per-sequence x its sequences, so one
+    streamed answer of 32 tokens at a batch of one takes at least 32 steps of 12 ms (never
+    shorter: the host's delays only add)."""
+    files = launcher.init_run_dir(tmp_path)
+    port = launcher.free_ports(1)[0]
+    url = f"http://127.0.0.1:{port}"
+    args = ["inference", "--port", str(port), "--run-dir", str(tmp_path), *launcher.SMALL_LLM_MODEL,
+            "--token-file", str(files["token_file"]), "--paced", "10,2", "--set", "max_num_seqs=1"]
+    with one_service(args, url + "/healthz"):
+        records = run_llm_load(url + "/v1/completions", 5.0, 1.0, Lengths(16, 0, 64, "fixed"),
+                               Lengths(32, 0, 64, "fixed"), timeout_s=30, seed=1)
+    assert records and all(r.ok for r in records), records
+    record = records[0]          # the first runs alone: the batch holds one
+    # after the first token, 31 more steps; the client may read two events at once, so a single
+    # gap can be short, their sum never
+    assert record.e2e_s - record.ttft_s >= 31 * 0.012 * 0.999 and record.e2e_s >= 32 * 0.012 * 0.999, record
