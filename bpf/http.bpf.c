@@ -26,6 +26,10 @@
  *                        HTTP_SERVICE_UNAVAILABLE): a limit_req, a queue timeout.
  * Per request, as it is read: http_arrived counts it (answered or not yet, so a
  * stalled server's arrivals are counted as they come, not when it answers).
+ * A request for one of the service's untimed paths (its /metrics, read by slotune
+ * and Prometheus, a health check: http_untimed, filled from the config) is
+ * neither counted nor timed: its path is hashed (FNV-1a) from the request line
+ * at its start, for services that have such paths only.
  * That count and the status classes' are kept in per-CPU arrays by service id
  * (the first 1023 ids), whose lookups the JIT inlines: no hash and no atomic on
  * the hot path; user space sums the CPUs' slots.
@@ -58,12 +62,60 @@ struct http_conn {
     u32 service;
     u32 refused;         /* the response's status if it is a refusal (429, 503), else 0 */
     u32 held;            /* its request's place in http_in_flight + 1 until answered, else 0 */
+    u32 untimed;         /* 1 while its request is for one of the service's untimed paths */
 };
 
 BPF_TABLE("lru_hash", u64, struct http_conn, http_conns, MAX_HTTP_CONNS);   /* socket -> its connection */
 /* Counters by service id in per-CPU arrays, no hash and no atomic (see above). */
 BPF_PERCPU_ARRAY(http_arrived, u64, HTTP_SERVICE_IDS);                       /* requests read */
 BPF_PERCPU_ARRAY(http_statuses, u64, HTTP_SERVICE_IDS * HTTP_CLASS_SLOTS);   /* responses by status class */
+
+/* Untimed paths: services that have any (a flag by service id, so that a request of
+ * another service costs one inlined lookup), and (service, hash of the path). */
+struct http_path {
+    u32 service;
+    u32 hash;            /* FNV-1a of the path's bytes, from its '/' to before ' ' or '?' */
+};
+BPF_ARRAY(http_untimed_any, u8, HTTP_SERVICE_IDS);
+BPF_HASH(http_untimed, struct http_path, u8, HTTP_UNTIMED_PATHS);
+#define HTTP_LINE_READ 128       /* the request line's bytes read: method, path (< 100), a space */
+struct http_line {
+    char bytes[HTTP_LINE_READ];
+};
+BPF_PERCPU_ARRAY(http_lines, struct http_line, 1);
+
+/* Is the request whose first bytes this read holds (io located) for an untimed path
+ * of its service? */
+static __always_inline u32 http_untimed_request(u32 service, struct sock_io *io)
+{
+    u8 *any = http_untimed_any.lookup(&service);
+    if (!any || !*any)
+        return 0;
+    u64 seg[2] = {};
+    sock_first(io, seg);
+    u64 len = seg[1] < (u64)io->ret ? seg[1] : (u64)io->ret;
+    if (len > HTTP_LINE_READ - 1)
+        len = HTTP_LINE_READ - 1;
+    u32 zero = 0;
+    struct http_line *l = http_lines.lookup(&zero);
+    if (!l || len < 6 || bpf_probe_read_user(l->bytes, len & (HTTP_LINE_READ - 1), (void *)seg[0]))
+        return 0;
+    struct http_path key = {.service = service, .hash = 2166136261u};
+    int in_path = 0;
+    for (u32 i = 0; i < HTTP_LINE_READ - 1; i++) {
+        if (i >= len)
+            return 0;                            /* no end of the path in what was read */
+        char ch = l->bytes[i];
+        if (!in_path) {
+            in_path = ch == ' ';
+            continue;
+        }
+        if (ch == ' ' || ch == '?')
+            return http_untimed.lookup(&key) != 0;
+        key.hash = (key.hash ^ (u8)ch) * 16777619u;
+    }
+    return 0;
+}
 
 static __always_inline void http_arrived_add(u32 service)
 {
@@ -194,7 +246,7 @@ static __always_inline int http_method(u32 word)
 static __always_inline void http_response_over(u64 sk, struct http_conn *c)
 {
     http_release(sk, c);
-    if (c->request_at && c->last_write_at) {
+    if (c->request_at && c->last_write_at && !c->untimed) {
         if (!c->first_byte_at && c->header_at)
             hist_add(c->service, SIG_HTTP_FIRST_BYTE, 0, c->header_at - c->request_at);
         hist_add(c->service, SIG_HTTP_REQUEST, 0, c->last_write_at - c->request_at);
@@ -206,6 +258,7 @@ static __always_inline void http_response_over(u64 sk, struct http_conn *c)
     c->first_byte_at = 0;
     c->last_write_at = 0;
     c->refused = 0;
+    c->untimed = 0;
 }
 
 /* A request starts on a socket no connection is kept for: if a watched task
@@ -219,16 +272,19 @@ static __always_inline void http_opened(struct sock_io *io)
     if (!service)
         return;
     struct http_conn c = {.service = *service, .request_at = bpf_ktime_get_ns()};
-    http_arrived_add(c.service);
-    http_hold(io->sk, &c);
+    c.untimed = http_untimed_request(c.service, io);
+    if (!c.untimed) {
+        http_arrived_add(c.service);
+        http_hold(io->sk, &c);
+    }
     if (!http_conns.insert(&io->sk, &c))
         lru_inserted(LRU_HTTP_CONNS);
     else
         http_release(io->sk, &c);                /* another CPU's read put it there first */
 }
 
-/* A read returned on the socket whose connection is c (0: none yet). */
-static __always_inline void http_read_done(struct http_conn *c, struct sock_io *io)
+/* A read returned on the socket whose connection is c (0: none yet), in syscall nr. */
+static __always_inline void http_read_done(struct http_conn *c, struct sock_io *io, long nr)
 {
     if (io->flags & SOCK_MSG_PEEK)               /* failed reads never get here */
         return;
@@ -245,6 +301,13 @@ static __always_inline void http_read_done(struct http_conn *c, struct sock_io *
         return;                                  /* more of the same request */
     }
     c->request_at = bpf_ktime_get_ns();
+    u8 *any = http_untimed_any.lookup(&c->service);
+    if (any && *any) {
+        sock_locate(io, nr);
+        c->untimed = http_untimed_request(c->service, io);
+        if (c->untimed)
+            return;
+    }
     http_arrived_add(c->service);
     http_hold(io->sk, c);
 }
@@ -354,6 +417,10 @@ static __always_inline void http_write_done(struct http_conn *c, struct sock_io 
     if (c->request_at == 0)
         return;
     u64 now = bpf_ktime_get_ns();
+    if (c->untimed) {                            /* only its end matters: the next request's start */
+        c->last_write_at = now;
+        return;
+    }
     if (!c->last_write_at || io->ret == 5)
         sock_locate(io, nr);
     if (!c->last_write_at && io->how != SOCK_NONE) {
@@ -402,7 +469,7 @@ static __always_inline void sock_received(struct sock_io *io, long nr)
     struct http_conn *c = http_conn_of(io->sk);
     if (!c)
         sock_locate(io, nr);                     /* a request or a ClientHello may start here */
-    http_read_done(c, io);
+    http_read_done(c, io, nr);
     if (!c)
         TLS_ALSO(tls_io_done(io, TLS_READ));
 }

@@ -198,6 +198,7 @@ def _service(file: Path, name: str, r: _Reader, default_tune_s: float) -> Servic
         ttft_metric=r.get("ttft_metric", str, ""),
         tpot_metric=r.get("tpot_metric", str, ""),
         peers=_peers(file, r.table_of("peers")),
+        untimed_paths=_untimed_paths(file, r),
     )
     if not any((spec.systemd_unit, spec.cgroup, spec.cmdline, spec.port, spec.user is not None)):
         raise ConfigError(file, r.where, "needs at least one of systemd_unit, cgroup, cmdline, port, user to find its processes")
@@ -282,6 +283,23 @@ def _admission(file, svc: ServiceConf, services: dict[str, ServiceConf]) -> None
         if proxy.control.kind in NEEDS and "targets" in NEEDS[proxy.control.kind] and name not in proxy.control.targets:
             raise ConfigError(file, f"services.{proxy.name}.control.targets.{name}", f"missing: {svc.name}'s "
                               f"throttle pushes {name} through {proxy.name}; name it there, e.g. \"{s.target}\"")
+
+
+UNTIMED_PATH = re.compile(r"/[!-~]{0,63}")
+UNTIMED_PATHS = 16      # per service
+
+
+def _untimed_paths(file, r: _Reader) -> tuple[str, ...]:
+    """untimed_paths = ["/healthz", ...]: requests the http family neither counts nor times
+    (the path as the request line has it, before any '?'; the metrics_url's own is added)."""
+    paths = r.get("untimed_paths", list, [])
+    if len(paths) > UNTIMED_PATHS:
+        raise ConfigError(file, r.key("untimed_paths"), f"at most {UNTIMED_PATHS} paths")
+    for path in paths:
+        if not isinstance(path, str) or not UNTIMED_PATH.fullmatch(path) or "?" in path:
+            raise ConfigError(file, r.key("untimed_paths"), f"{path!r} is not a path: give it as the request "
+                              "line has it, starting with '/', up to 64 printable characters without spaces or '?'")
+    return tuple(paths)
 
 
 def _peers(file, r: _Reader) -> dict[int, str]:

@@ -27,6 +27,13 @@ def test_the_shipped_example_loads():
     assert cfg.service("inference").settings["max_batch_size"].max_step == 8
 
 
+def test_untimed_paths_and_the_metrics_path(tmp_path):
+    cfg = load_text(tmp_path, MINIMAL + 'metrics_url = "http://127.0.0.1:8000/metrics?x=1"\n'
+                                        'untimed_paths = ["/healthz", "/metrics"]\n')
+    assert cfg.service("api").spec.untimed() == ("/healthz", "/metrics")
+    assert load_text(tmp_path, MINIMAL).service("api").spec.untimed() == ()
+
+
 def test_defaults_for_a_minimal_file(tmp_path):
     cfg = load_text(tmp_path, MINIMAL)
     assert cfg.collect_interval_s == 1.0 and cfg.tune_interval_s == 30.0
@@ -46,6 +53,9 @@ def test_defaults_for_a_minimal_file(tmp_path):
     ("[services.api]\nport = 70000\n", "services.api.port", "outside"),
     (MINIMAL + "peers = { web = 'x' }\n", "services.api.peers.web", "remote TCP ports"),
     (MINIMAL + "downstream = ['db']\n", "services.api.downstream", "not a declared service"),
+    (MINIMAL + "untimed_paths = ['healthz']\n", "services.api.untimed_paths", "starting with '/'"),
+    (MINIMAL + "untimed_paths = ['/a?b']\n", "services.api.untimed_paths", "not a path"),
+    (MINIMAL + "untimed_paths = ['/h z']\n", "services.api.untimed_paths", "not a path"),
     (MINIMAL + "[services.api.tuners.throttle]\n", "services.api.tuners.throttle", "needs a [control] table"),
     (MINIMAL + "[services.api.tuners.autopilot]\n", "services.api.tuners.autopilot", "unknown tuner"),
     (MINIMAL + "[services.api.control]\nkind = 'reference'\nurl = 'x'\n[services.api.tuners.throttle]\n",

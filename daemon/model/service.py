@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pwd
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 MAX_UID = 2**32 - 2          # (uid_t)-1 means "no uid"
 
@@ -34,6 +35,14 @@ class ServiceSpec:
     tpot_metric: str = ""
     # Remote ports that name peers, e.g. {8000: "inference"}; others count as "other".
     peers: dict[int, str] = field(default_factory=dict)
+    # Paths of requests the http family neither counts nor times (health checks, an exporter's).
+    untimed_paths: tuple[str, ...] = ()
+
+    def untimed(self) -> tuple[str, ...]:
+        """untimed_paths and the path of its own metrics_url: read each second by slotune
+        and by Prometheus, those requests are no load of the service's users."""
+        own = urlsplit(self.metrics_url).path if self.metrics_url else ""
+        return tuple(dict.fromkeys((*self.untimed_paths, *([own] if own else []))))
 
     def own_metrics(self) -> tuple[str, ...]:
         """The families of its metrics it names itself (latency_metric, ttft_metric, tpot_metric)."""

@@ -91,3 +91,35 @@ def test_requests_are_counted_as_they_arrive_not_when_answered(kernel, spawn, ta
     assert answers == [b"ok\n"] * 6
     assert arrived == 6 and answered == 0
     assert ARRIVED not in after.counters and hist(after.histograms, KEY).count == 6
+
+
+def test_requests_for_untimed_paths_are_neither_counted_nor_timed(kernel, spawn, tag):
+    """The daemon's own GET of a service's /metrics (each second), Prometheus' and health
+    checks are no load of its users: a service's untimed_paths, and its metrics_url's path,
+    are left out of its requests and their times (the query string aside), on new and
+    keep-alive connections alike; a path that only starts like one is timed."""
+    server = spawn("http_server", tag, SLEEP_S)
+    port = int(server.stdout.readline())
+    spec = ServiceSpec("web", cmdline=f"http_server.py {tag}", metrics_url=f"http://127.0.0.1:{port}/metrics",
+                       untimed_paths=("/healthz",))
+    assert spec.untimed() == ("/healthz", "/metrics")
+    collector = kernel([spec], ["http"])
+    collected(collector)
+    paths = ["/", "/metrics", "/healthz", "/metrics?name=x", "/metricsx", "/api/healthz", "/"]
+    for path in paths:                              # a new connection each
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", path)
+        assert conn.getresponse().read() == b"ok\n"
+        conn.close()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    for path in paths * 2:                          # keep-alive, untimed ones between timed ones
+        conn.request("GET", path)
+        assert conn.getresponse().read() == b"ok\n"
+    conn.close()
+    timed = 3 * sum(p in ("/", "/metricsx", "/api/healthz") for p in paths)
+    samples = collected(collector)["web"]
+    h, arrived = hist(samples.histograms, KEY), samples.counters.get(ARRIVED, 0)
+    record("HTTP requests less untimed paths (Python http.server)", "the timed requests the client sent", h.count,
+           timed, "requests", "exact")
+    assert (h.count, arrived) == (timed, timed), (h.count, arrived, timed, 3 * len(paths))
+    assert abs(h.quantile(0.5) - SLEEP_S) <= 0.1 * SLEEP_S

@@ -1,10 +1,14 @@
 """HTTP/1.x per service from its TCP sockets' reads and writes (bpf/http.bpf.c): the whole
 response, its first body byte (a streaming LLM server's TTFT), the gaps between
 its body writes (inter-token), its status class, and the responses that sent
-the client away (429, 503: a limit or a queue timeout), timed apart."""
+the client away (429, 503: a limit or a queue timeout), timed apart. Requests for a
+service's untimed paths (its own /metrics, health checks) are neither counted nor timed."""
+import ctypes
+
 from daemon.collectors.kernel import sockets
 from daemon.collectors.kernel.family import Family, Map, Signal
 from daemon.collectors.kernel.helpers import PT_REGS
+from daemon.collectors.kernel.maps import set_entries
 
 STATUS_CLASSES = {n: f"{n}xx" for n in range(2, 6)}   # label id: the status code's first digit
 # The statuses that mean "not served, come back later" (label id: the code itself):
@@ -15,6 +19,15 @@ REFUSED = {"HTTP_TOO_MANY_REQUESTS": 429, "HTTP_SERVICE_UNAVAILABLE": 503}
 
 SERVICE_IDS = 1024      # service ids with slots in the per-CPU counters below; ids start at 1
 CLASS_SLOTS = 8         # http_statuses slots per service: the status code's first digit
+UNTIMED_PATHS = 1024    # (service, path) pairs neither counted nor timed, over every service
+
+
+def path_hash(path: str) -> int:
+    """FNV-1a (32 bits) of a path's bytes, as bpf/http.bpf.c hashes a request line's path."""
+    h = 2166136261
+    for byte in path.encode():
+        h = ((h ^ byte) * 16777619) & 0xFFFFFFFF
+    return h
 
 
 class Http(Family):
@@ -38,7 +51,8 @@ class Http(Family):
                       "the load offered to it"))
     raw_tracepoints = sockets.POINTS   # shared with the tls family: one program each serves both
     helpers = PT_REGS                  # where a read's or a write's bytes are: the syscall's registers
-    defines = {"FAMILY_HTTP": 1, "HTTP_SERVICE_IDS": SERVICE_IDS, "HTTP_CLASS_SLOTS": CLASS_SLOTS, **REFUSED}
+    defines = {"FAMILY_HTTP": 1, "HTTP_SERVICE_IDS": SERVICE_IDS, "HTTP_CLASS_SLOTS": CLASS_SLOTS,
+               "HTTP_UNTIMED_PATHS": UNTIMED_PATHS, **REFUSED}
     service_arrays = {"http_arrived": ("http_arrived", 1), "http_statuses": ("http_status", CLASS_SLOTS)}
     maps = {"http_conns": Map(65536, True, "an evicted connection's last response, answered but not yet over, "
                                            "is not timed (requests still waiting for their answer are kept in "
@@ -48,9 +62,22 @@ class Http(Family):
                                                 "they are answered, and they go untimed")}
 
     def __init__(self):
+        self.flagged: set[int] = set()      # service ids whose http_untimed_any flag is set
         self.defines = {**self.defines, **sockets.layout()}
         self.raw_tracepoints = sockets.points()
         self.tracepoints = sockets.syscall_points()
+
+    def refresh(self, program, targets, service_ids) -> None:
+        """The services' untimed paths (ServiceSpec.untimed()) into http_untimed and their flags."""
+        wanted = {(service_ids[name], path_hash(path)): 1 for name, procs in targets.items()
+                  for path in procs.service.untimed()}
+        set_entries(program.table("http_untimed"), ctypes.c_uint8, dict(list(wanted.items())[:UNTIMED_PATHS]))
+        flags = program.table("http_untimed_any")
+        having = {sid for sid, _ in wanted}
+        for sid in having ^ self.flagged:
+            if 0 <= sid < SERVICE_IDS:
+                flags[ctypes.c_int(sid)] = ctypes.c_uint8(sid in having)
+        self.flagged = having
 
     def label(self, signal: str, label_id: int) -> str:
         if signal == "http_refused":
