@@ -7,7 +7,6 @@ baseline rows run in its bulkhead (daemon/host/bulkheads.py). Ticks keep time by
 the monotonic clock, so a step of the wall clock neither stalls nor rushes them."""
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import time
@@ -34,6 +33,7 @@ from daemon.host import sdnotify
 from daemon.host.bulkheads import Bulkheads
 from daemon.host.signals import Signals
 from daemon.model import window
+from daemon.model.histogram import merged
 from daemon.model.columns import History
 from daemon.model.interval import Interval
 from daemon.store.baselines import BaselineStore
@@ -359,7 +359,7 @@ class Daemon:
                 if (w := interval.latest(other.name)) is not None]
         callers = [h for h in seen if h is not None]
         if callers:
-            return functools.reduce(lambda a, b: a.plus(b), callers)
+            return merged(callers)
         own = interval.latest(name)
         return own.family("tcp_rtt") if own is not None else None
 

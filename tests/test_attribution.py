@@ -35,7 +35,7 @@ def per_event(total_s: float, events: int = 100) -> Histogram:
 
 
 def window(t, counts=CALM, service="svc", runqueue_s=0.001, blocking_s=0.001, extra=None) -> Window:
-    w = Window(service, t, t + 1.0, 0.5, latency(counts), "service")
+    w = Window(service, t, t + 1.0, 0.5, latency=latency(counts), latency_source="service")
     w.histograms[("runqueue_wait", "")] = per_event(runqueue_s)
     w.histograms[("offcpu", "sleep")] = per_event(blocking_s)
     w.histograms.update(extra or {})
@@ -162,10 +162,10 @@ def test_a_service_that_talks_but_is_never_timed_says_why_not_warming_up():
     # A Redis found by port, watched by the http family: TCP traffic, no request it can time.
     # It said "warming up" for ever, so its caller could never name it.
     talking = {("tcp_rtt", "app"): per_event(0.001)}
-    silent = [Window("redis", t, t + 1.0, 0.5, None, "", histograms=dict(talking)) for t in range(12)]
+    silent = [Window("redis", t, t + 1.0, 0.5, histograms=dict(talking)) for t in range(12)]
     e = explain("redis", {"redis": silent}, recent_s=1.0)
     assert "no request timed" in e.verdict and "HTTP/1" in e.verdict and "warming up" not in e.verdict
-    idle = [Window("redis", t, t + 1.0, 0.5, None, "") for t in range(12)]
+    idle = [Window("redis", t, t + 1.0, 0.5) for t in range(12)]
     assert "warming up" in explain("redis", {"redis": idle}, recent_s=1.0).verdict   # idle: nothing to time yet
 
 
@@ -241,7 +241,7 @@ def test_explain_all_explains_every_service_once_with_the_same_answer_as_explain
 
 def test_windows_timed_by_ebpf_while_the_service_histogram_was_missing_are_not_mixed_in():
     ws = history(faulty=[(SLOW_TAIL, {"runqueue_s": 60.0})] * 2)
-    ebpf = Window("svc", 5.5, 6.5, 0.5, Histogram.from_values([1e9] * 10), "ebpf")
+    ebpf = Window("svc", 5.5, 6.5, 0.5, latency=Histogram.from_values([1e9] * 10), latency_source="ebpf")
     ws.insert(6, ebpf)
     e = explain("svc", {"svc": ws})
     assert e.top_cause == "runqueue_wait"

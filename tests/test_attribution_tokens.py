@@ -25,7 +25,7 @@ def llm_window(t, ttft_ms=50.0, tpot_ms=15.0, waiting=1.0, running=4.0, tokens=5
     """One second of a continuous-batching server: `first_tokens` requests got their first
     token, `tokens` tokens and `running` sequences per step (100 steps), gauges as given."""
     hist = {("inference_iteration_tokens", ""): at(tokens, 100), ("inference_iteration_sequences", ""): at(running, 100)}
-    return Window("inference", t, t + 1.0, 2.0, at(1.0, first_tokens), "service", histograms=hist,
+    return Window("inference", t, t + 1.0, 2.0, latency=at(1.0, first_tokens), latency_source="service", histograms=hist,
                   counters={("inference_num_preemptions_total", ""): preemptions},
                   gauges={("inference_num_requests_waiting", ""): waiting,
                           ("inference_num_requests_running", ""): running},

@@ -45,8 +45,8 @@ def window(rng, service: str, t: float) -> Window:
     fault = t >= 70
     streams = service == "inference"
     idle = service == "tools" and t % 11 == 0
-    w = Window(service, t, t + 1.0, 0.5, None if idle else service_histogram(rng, 0.04 * (3 if fault else 1), 40),
-               "service",
+    w = Window(service, t, t + 1.0, 0.5,
+               latency=None if idle else service_histogram(rng, 0.04 * (3 if fault else 1), 40), latency_source="service",
                slo_ttft_s=0.2 if streams else 0.0, slo_tpot_s=0.05 if streams else 0.0,
                ttft=service_histogram(rng, 0.02 * (4 if fault else 1), 40) if streams else None,
                tpot=service_histogram(rng, 0.005, 200) if streams else None)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from daemon.model import labels
+from daemon.model.histogram import add_into, merged
 from daemon.model.window import Window
 
 # Syscall classes (bpf/offcpu.bpf.c) that stall the thread that makes them:
@@ -62,10 +63,7 @@ def _family(span: Window, suffix: str, table: str = "histograms"):
         return None
     if table != "histograms":
         return sum(found)
-    merged = found[0]
-    for h in found[1:]:
-        merged = merged.plus(h)
-    return merged
+    return merged(found)
 
 
 def _family_p99(span: Window, suffix: str) -> float | None:
@@ -139,7 +137,7 @@ def tool_readings(span: Window) -> dict[str, Reading]:
     by_tool: dict[str, object] = {}
     for (fam, label), h in span.histograms.items():
         if fam.endswith("_tool_duration_seconds") and (tool := labels.value(label, "tool")):
-            by_tool[tool] = by_tool[tool].plus(h) if tool in by_tool else h
+            add_into(by_tool, tool, h)
     out = {}
     for tool, h in by_tool.items():
         v = h.quantile(0.99)

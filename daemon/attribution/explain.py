@@ -59,6 +59,7 @@ from scipy.optimize import nnls
 
 from daemon.attribution import causes
 from daemon.model.columns import column, continued, handed
+from daemon.model.histogram import add_into
 from daemon.model.window import EBPF_ARRIVED, EBPF_LATENCY, Window, merged_latency, merged_tokens
 
 TOKENS = {"ttft": "TTFT", "tpot": "TPOT"}   # the token timings explained beside the latency, as users name them
@@ -148,15 +149,17 @@ def merge(windows: Sequence[Window]) -> Window:
     gauges: dict = {}
     for w in windows:
         for key, h in w.histograms.items():
-            histograms[key] = histograms[key].plus(h) if key in histograms else h
+            add_into(histograms, key, h)
         for key, v in w.counters.items():
             counters[key] = counters.get(key, 0.0) + v
         for key, v in w.gauges.items():
             gauges.setdefault(key, []).append(v)
-    return Window(first.service, first.start, last.end, last.slo_p99_s, merged_latency(list(windows)),
-                  last.latency_source, sum(w.errors for w in windows), sum(w.rejected for w in windows),
-                  histograms, counters, {k: sum(v) / len(v) for k, v in gauges.items()}, last.slo_ttft_s,
-                  last.slo_tpot_s, merged_tokens(list(windows), "ttft"), merged_tokens(list(windows), "tpot"))
+    return Window(first.service, first.start, last.end, last.slo_p99_s, latency=merged_latency(list(windows)),
+                  latency_source=last.latency_source, errors=sum(w.errors for w in windows),
+                  rejected=sum(w.rejected for w in windows), histograms=histograms, counters=counters,
+                  gauges={k: sum(v) / len(v) for k, v in gauges.items()}, slo_ttft_s=last.slo_ttft_s,
+                  slo_tpot_s=last.slo_tpot_s, ttft=merged_tokens(list(windows), "ttft"),
+                  tpot=merged_tokens(list(windows), "tpot"))
 
 
 def timing_source(windows: Sequence[Window]) -> str:

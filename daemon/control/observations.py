@@ -15,6 +15,7 @@ from tuners import batch, breaker, budget, continuous_batch, degrade, drift, sam
 
 from daemon.config import ServiceConf
 from daemon.model import labels
+from daemon.model.histogram import add_into, merged
 from daemon.model.columns import column
 from daemon.model.interval import Span
 from daemon.model.window import Window
@@ -69,12 +70,7 @@ def _gauge_max(windows: list[Window], suffix: str) -> float | None:
 
 
 def _family_hist(windows: list[Window], suffix: str):
-    hist = None
-    for w in windows:
-        for (fam, _), h in w.histograms.items():
-            if fam.endswith(suffix):
-                hist = h if hist is None else hist.plus(h)
-    return hist
+    return merged(h for w in windows for (fam, _), h in w.histograms.items() if fam.endswith(suffix))
 
 
 def queue_p99(windows: list[Window], history: list[Window], merged) -> float:
@@ -209,7 +205,7 @@ def _stages(windows: list[Window]) -> dict[str, object]:
         for (fam, label), h in w.histograms.items():
             stage = labels.value(label, "stage")
             if fam.endswith("_stage_duration_seconds") and stage is not None:
-                out[stage] = out[stage].plus(h) if stage in out else h
+                add_into(out, stage, h)
     return out
 
 

@@ -14,7 +14,7 @@ from typing import NamedTuple
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from daemon.model.sample import Sample
-from daemon.model.histogram import EXPORT_BOUNDS_S, Histogram
+from daemon.model.histogram import EXPORT_BOUNDS_S, Histogram, add_into
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class SampleExporter:
                 for (signal, label), h in s.histograms.items():
                     if self._known(signal, "histogram"):
                         key = (signal, s.service, label)
-                        self._hists[key] = self._hists[key].plus(h) if key in self._hists else h
+                        add_into(self._hists, key, h)
                 for (signal, label), v in s.counters.items():
                     if self._known(signal, "counter"):
                         key = (signal, s.service, label)

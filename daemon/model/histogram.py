@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 
@@ -271,3 +272,17 @@ class BucketHistogram:
                 below += c * (threshold_s - low) / (bound - low)
             low = bound
         return max(0.0, 1.0 - below / n)
+
+
+def merged(parts: Iterable[Histogram | BucketHistogram]) -> Histogram | BucketHistogram | None:
+    """Histograms of one kind added together (their series, windows or labels summed away);
+    None when there are none."""
+    out = None
+    for h in parts:
+        out = h if out is None else out.plus(h)
+    return out
+
+
+def add_into(into: dict, key, h: Histogram | BucketHistogram) -> None:
+    """into[key] plus h, or h where key is new: histograms kept by key, merged as they come."""
+    into[key] = into[key].plus(h) if key in into else h

@@ -8,11 +8,11 @@ after: later stages share it."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from functools import cached_property
 
 from daemon.model import labels
-from daemon.model.histogram import BucketHistogram, Histogram
+from daemon.model.histogram import BucketHistogram, Histogram, add_into, merged
 from daemon.model.sample import Key, Sample
 from daemon.model.service import ServiceSpec
 
@@ -33,6 +33,7 @@ class Window:
     start: float
     end: float
     slo_p99_s: float
+    _: KW_ONLY                        # the rest by name: 11 fields of like types
     latency: Histogram | BucketHistogram | None = None
     latency_source: str = ""          # "service" (its own histogram) | "ebpf" | ""
     errors: float = 0.0
@@ -109,11 +110,7 @@ def _miss(hist, objective_s: float) -> float:
 
 def _family(histograms: dict, name: str):
     """Every series of one histogram family merged (its labels summed away), or None."""
-    found = None
-    for (fam, _), h in histograms.items():
-        if fam == name:
-            found = h if found is None else found.plus(h)
-    return found
+    return merged(h for (fam, _), h in histograms.items() if fam == name)
 
 
 
@@ -143,7 +140,7 @@ def build(spec: ServiceSpec, start: float, end: float, samples: list[Sample]) ->
     gauges: dict[Key, float] = {}
     for s in samples:
         for key, h in s.histograms.items():
-            histograms[key] = histograms[key].plus(h) if key in histograms else h
+            add_into(histograms, key, h)
         for key, v in s.counters.items():
             counters[key] = counters.get(key, 0.0) + v
         gauges.update(s.gauges)
@@ -152,9 +149,8 @@ def build(spec: ServiceSpec, start: float, end: float, samples: list[Sample]) ->
     if latency_metric:
         by_outcome = [(labels.value(label, "outcome"), h) for (fam, label), h in histograms.items()
                       if fam == latency_metric]
-        for outcome, h in by_outcome:
-            if outcome not in REJECTED_OUTCOMES:
-                latency, source = (h if latency is None else latency.plus(h)), "service"
+        latency = merged(h for outcome, h in by_outcome if outcome not in REJECTED_OUTCOMES)
+        source = "service" if latency is not None else ""
         errors = sum(h.count for outcome, h in by_outcome if outcome in ERROR_OUTCOMES)
         rejected = sum(h.count for outcome, h in by_outcome if outcome in REJECTED_OUTCOMES)
     if latency is None and EBPF_LATENCY in histograms:
@@ -162,8 +158,9 @@ def build(spec: ServiceSpec, start: float, end: float, samples: list[Sample]) ->
     ttft = ((_family(histograms, spec.ttft_metric) if spec.ttft_metric else None)
             or _served(histograms.get(EBPF_TTFT), refused))
     tpot = (_family(histograms, spec.tpot_metric) if spec.tpot_metric else None) or histograms.get(EBPF_TPOT)
-    return Window(spec.name, start, end, spec.slo_p99_s, latency, source, errors, rejected, histograms, counters,
-                  gauges, spec.slo_ttft_p99_s, spec.slo_tpot_p99_s, ttft, tpot)
+    return Window(spec.name, start, end, spec.slo_p99_s, latency=latency, latency_source=source, errors=errors,
+                  rejected=rejected, histograms=histograms, counters=counters, gauges=gauges,
+                  slo_ttft_s=spec.slo_ttft_p99_s, slo_tpot_s=spec.slo_tpot_p99_s, ttft=ttft, tpot=tpot)
 
 
 def merged_latency(windows: list[Window]) -> Histogram | BucketHistogram | None:
@@ -171,11 +168,7 @@ def merged_latency(windows: list[Window]) -> Histogram | BucketHistogram | None:
     its own histogram in one window and from eBPF in another (a missed scrape);
     only windows with the most recent source are merged, as the two do not add."""
     source = next((w.latency_source for w in reversed(windows) if w.latency is not None), None)
-    merged = None
-    for w in windows:
-        if w.latency is not None and w.latency_source == source:
-            merged = w.latency if merged is None else merged.plus(w.latency)
-    return merged
+    return merged(w.latency for w in windows if w.latency is not None and w.latency_source == source)
 
 
 def merged_tokens(windows: list[Window], which: str) -> Histogram | BucketHistogram | None:
@@ -183,8 +176,4 @@ def merged_tokens(windows: list[Window], which: str) -> Histogram | BucketHistog
     come from the service's own histogram in one window and from the kernel in another (a
     missed scrape): only those of the latest one's kind are merged, as the two do not add."""
     found = [h for w in windows if (h := getattr(w, which)) is not None]
-    merged = None
-    for h in found:
-        if type(h) is type(found[-1]):
-            merged = h if merged is None else merged.plus(h)
-    return merged
+    return merged(h for h in found if type(h) is type(found[-1]))
