@@ -67,8 +67,10 @@ def listener(port: int, process: str, cmdline: str) -> discover_command.Listener
 
 
 def args(**given) -> argparse.Namespace:
-    return argparse.Namespace(**{"pick": "", "write": None, "timeout": 2.0, "no_probe": False, "metrics_path": [],
-                                 "slo_ms": 500.0, **given})
+    """discover's own defaults (its parser's, so that a new option is there), then `given`."""
+    parser = argparse.ArgumentParser()
+    discover_command.add_arguments(parser)
+    return argparse.Namespace(**{**vars(parser.parse_args(["--timeout", "2"])), **given})
 
 
 def ascii_lines(text: str) -> bool:
