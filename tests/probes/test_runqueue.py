@@ -3,7 +3,8 @@ it uses more than its fair share) gets a CPU hog pinned beside it; service B
 sleeps on the other CPU. In each phase each service's histogram counts one wait
 per wake-up the test caused plus one per preemption (the kernel's own
 nonvoluntary_ctxt_switches), within 5 %, and its waits add up to the kernel's
-own run-queue delay of that process (/proc/PID/schedstat), within 10 %: so
+own run-queue delay of that process (/proc/PID/schedstat), within 10 % (plus
+the wake-up's own path on an idle CPU, WAKE_PATH_S a wait): so
 A's waits behind the hog are A's, and B's are B's, whatever else the host runs
 (on a quiet host A's P50 shifts by two orders of magnitude and B's does not;
 beside `stress-ng --cpu 2` both wait behind it from the start)."""
@@ -18,6 +19,11 @@ WAKEUPS = 150
 SLEEP_S = 0.002
 WORK_S = 0.0001
 KEY = ("runqueue_wait", "")
+# A wait starts at sched_wakeup for slotune (and BCC's runqlat, and the bpftrace reference),
+# at the enqueue for the kernel's run_delay: on an idle CPU the wake-up's own path (the IPI,
+# leaving idle) lies between, 17 us a wait on this VM (2.70 ms against 0.11 ms for 150 waits,
+# a quiet clean-clone run); beside a busy CPU the waits are milliseconds and it is noise.
+WAKE_PATH_S = 30e-6
 
 
 def preemptions(pid: int) -> int:
@@ -85,8 +91,8 @@ def test_each_services_waits_add_up_to_its_run_delay_beside_a_hog(kernel, spawn,
                    "wakeups", "within 5 % of the wakeups")
             assert abs(h.count - expected) <= 0.05 * WAKEUPS, f"{name}: counted {h.count}, caused {expected}"
             record("run-queue wait, sum", "the kernel's run_delay (schedstat)", h.total_ns / 1e9, delay_s, "s",
-                   "within 10 % (+1 ms: the go and done wake-ups)")
-            assert abs(h.total_ns / 1e9 - delay_s) <= 0.1 * delay_s + 1e-3, \
+                   "within 10 %, + 1 ms (the go and done wake-ups) + 30 us a wait (where each starts)")
+            assert abs(h.total_ns / 1e9 - delay_s) <= 0.1 * delay_s + 1e-3 + h.count * WAKE_PATH_S, \
                 f"{name}: waits sum to {h.total_ns / 1e9 * 1e3:.2f} ms, the kernel says {delay_s * 1e3:.2f} ms"
     # the hog's work is A's wait: A waited more beside it than B did on its own CPU
     assert busy["a"][2] > busy["b"][2] and busy["a"][2] > quiet["a"][2]
