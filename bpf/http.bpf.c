@@ -84,13 +84,17 @@ struct http_line {
 };
 BPF_PERCPU_ARRAY(http_lines, struct http_line, 1);
 
-/* Is the request whose first bytes this read holds (io located) for an untimed path
- * of its service? */
-static __always_inline u32 http_untimed_request(u32 service, struct sock_io *io)
+/* Has the service any untimed paths? */
+static __always_inline int http_has_untimed(u32 service)
 {
     u8 *any = http_untimed_any.lookup(&service);
-    if (!any || !*any)
-        return 0;
+    return any && *any;
+}
+
+/* Is the request whose first bytes this read holds (io located) for an untimed path
+ * of its service (one that has some)? */
+static __always_inline u32 http_untimed_request(u32 service, struct sock_io *io)
+{
     u64 seg[2] = {};
     sock_first(io, seg);
     u64 len = seg[1] < (u64)io->ret ? seg[1] : (u64)io->ret;
@@ -272,7 +276,7 @@ static __always_inline void http_opened(struct sock_io *io)
     if (!service)
         return;
     struct http_conn c = {.service = *service, .request_at = bpf_ktime_get_ns()};
-    c.untimed = http_untimed_request(c.service, io);
+    c.untimed = http_has_untimed(c.service) && http_untimed_request(c.service, io);
     if (!c.untimed) {
         http_arrived_add(c.service);
         http_hold(io->sk, &c);
@@ -301,8 +305,7 @@ static __always_inline void http_read_done(struct http_conn *c, struct sock_io *
         return;                                  /* more of the same request */
     }
     c->request_at = bpf_ktime_get_ns();
-    u8 *any = http_untimed_any.lookup(&c->service);
-    if (any && *any) {
+    if (http_has_untimed(c->service)) {
         sock_locate(io, nr);
         c->untimed = http_untimed_request(c->service, io);
         if (c->untimed)

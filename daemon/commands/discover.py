@@ -20,7 +20,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from daemon import config, profiles
-from daemon.collectors.kernel.targeting import command_line, listening_rows, listening_table, netns_of, socket_inodes
+from daemon.collectors.kernel.targeting import command_line, listening_rows, netns_of, socket_inodes
 from daemon.collectors.service_metrics import parse_stub_status
 from daemon.profiles.haproxy import target_error
 from daemon.control.tuner_specs import SPECS
@@ -95,8 +95,9 @@ def listeners() -> list[Listener]:
         netns = netns_of(entry)
         if netns is None or entry == os.getpid():
             continue
-        if netns not in tables:
-            tables[netns], loopback[netns] = listening_table(f"/proc/{entry}/net"), loopback_ports(f"/proc/{entry}/net")
+        if netns not in tables:      # the namespace's listening sockets, read once
+            rows = listening_rows(f"/proc/{entry}/net")
+            tables[netns], loopback[netns] = {inode: port for inode, _, port in rows}, loopback_ports(rows)
         table = tables[netns]
         for inode in socket_inodes(entry) & table.keys():
             key = (netns, table[inode])
@@ -109,11 +110,11 @@ def listeners() -> list[Listener]:
 LOOPBACK = re.compile(r"[0-9A-F]{6}7F|0{24}01000000|0{16}FFFF0000[0-9A-F]{6}7F")   # 127/8, ::1, ::ffff:127/104
 
 
-def loopback_ports(net_dir: str) -> set[int]:
-    """Ports of this namespace whose every listening socket is bound to a loopback address
+def loopback_ports(rows: list[tuple[int, str, int]]) -> set[int]:
+    """Ports of a namespace's listening_rows whose every socket is bound to a loopback address
     (the kernel writes an address as 32-bit words in host order, hex)."""
     addresses: dict[int, set[bool]] = {}
-    for _, address, port in listening_rows(net_dir):
+    for _, address, port in rows:
         addresses.setdefault(port, set()).add(bool(LOOPBACK.fullmatch(address.upper())))
     return {port for port, kinds in addresses.items() if kinds == {True}}
 
@@ -134,12 +135,11 @@ def ancestors(pid: int) -> list[int]:
     return out
 
 
-def internal_to(listener: Listener, found: list[Listener]) -> Listener | None:
+def internal_to(listener: Listener, found: list[Listener], above: set[int]) -> Listener | None:
     """The recognised service whose own child process listens here on loopback only (an
     engine's workers: vLLM's talk to its API server on ports nobody else calls), if any."""
     if not listener.loopback_only:
         return None
-    above = set(ancestors(listener.pid))
     return next((s for s in found if s.metrics_url and s.pid in above and s.netns == listener.netns), None)
 
 
@@ -374,9 +374,9 @@ def _share_metrics(found: list[Listener]) -> None:
 def run(args) -> int:
     found, own = listeners(), netns_of(os.getpid())
     internal: dict[str, list[Listener]] = {}      # service -> its child processes' loopback ports
-    depth = {s.pid: len(ancestors(s.pid)) for s in found}
-    for listener in sorted(found, key=lambda s: (depth[s.pid], s.loopback_only, s.port)):   # parents first
-        if not args.internal and (service := internal_to(listener, found)) is not None:
+    above = {s.pid: set(ancestors(s.pid)) for s in found}      # each process's parents, read once
+    for listener in sorted(found, key=lambda s: (len(above[s.pid]), s.loopback_only, s.port)):   # parents first
+        if not args.internal and (service := internal_to(listener, found, above[listener.pid])) is not None:
             internal.setdefault(f"{printable(service.process)}[{service.pid}]", []).append(listener)
         elif not args.no_probe and listener.netns == own and listener.process not in NOT_HTTP:
             probe(listener, args.timeout, (*args.metrics_path, *PROBE_PATHS))
