@@ -86,6 +86,25 @@ def test_a_tuner_decides_at_its_interval_on_ticks_that_jitter(tmp_path):
     assert decided == [1.02, 3.03, 5.02, 7.04, 9.0]
 
 
+def test_a_1_s_tuner_decides_on_every_1_s_tick_however_late_each_begins(tmp_path):
+    # Each tick is stamped when it begins, 0..0.45 s after its time: two in a row can read
+    # 0.55 s or 1.45 s apart. The whitepaper throttle raises its rate x1.1 at every decision
+    # under the SLO, so each tick must push once: none skipped as "not due", none held as
+    # "changed this interval".
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"rate_limit_rps": 100.0}))
+    conf = replace(service_conf(path), settings={"rate_limit_rps": Bounds(10.0, 1e6, 1e6)})
+    control = ControlLoop(Config(path="test", services=(conf,)), {"api": FileActuator(str(path))},
+                          AuditLog(None), False)
+    late = np.random.default_rng(5).uniform(0.0, 0.45, 50)
+    late[10:20] = [0.45, 0.0] * 5       # the widest swings, one after another
+    history, pushes = [], []
+    for t in np.arange(1.0, 51.0) + late:
+        history.append(window(float(t), 0.01))
+        pushes.append(sum(e.outcome == "pushed" for e in control.tick(Interval.at(float(t), {"api": history}))))
+    assert pushes == [1] * 50
+
+
 def test_at_most_one_change_per_setting_per_interval(tmp_path):
     control, path, _ = loop(tmp_path)
     control.tick(Interval.at(1.0, {"api": [window(1.0, 0.5)]}))

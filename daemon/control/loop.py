@@ -75,7 +75,7 @@ class ControlLoop:
         self.audit, self.dry_run = audit, dry_run
         self.baseline_for = baseline_for   # (service, since, until) -> tuners.drift.Baseline | None
         self.bulkheads = bulkheads or Bulkheads()
-        self.slack_s = cfg.collect_interval_s / 2   # a tick's jitter: what is due within it is due now
+        self.tick_s = cfg.collect_interval_s   # time is counted in ticks: see _passed
         self.readers = futures.ThreadPoolExecutor(READERS, thread_name_prefix="control-read")
         self.reading: dict[str, futures.Future] = {}    # service -> its read of the settings in force, going on
         # before_push(): the pending judgement is saved and the watchdog told; after_push() once it is over
@@ -115,7 +115,7 @@ class ControlLoop:
                                             stopped=set(), states=states)
         self.bulkheads.forget(set(self.services))
         self.reading = {name: read for name, read in self.reading.items() if name in self.services}
-        self.slack_s = cfg.collect_interval_s / 2
+        self.tick_s = cfg.collect_interval_s
         return entries
 
     def _put_back_pending(self, sc: ServiceControl, now: float, why: str) -> list[Entry]:
@@ -187,10 +187,16 @@ class ControlLoop:
         return entries
 
     def _passed(self, now: float, since: float, interval_s: float) -> bool:
-        """Whether interval_s has passed since `since`, give or take half a tick (at most a quarter
-        of interval_s): ticks come a little late or early, and a tuner of 2 s on ticks of 1 s would
-        otherwise decide every 3 s."""
-        return now - since >= interval_s - min(self.slack_s, interval_s / 4)
+        """Whether interval_s has passed since `since`, both counted in whole ticks (each rounded
+        to the nearest): a tick is stamped when it begins, a little after its time and by a
+        varying amount, so two ticks 1 s apart can read 0.7 s apart; counted in seconds, a 1 s
+        tuner on 1 s ticks skipped those (27-37 decisions in 50 ticks) and a 2 s one decided
+        every 3 s. A tuner of interval_s decides every round(interval_s / tick) ticks, at least 1;
+        half a tick or less is no tick."""
+        if since == -math.inf:
+            return True
+        ticks = math.ceil((now - since) / self.tick_s - 0.5)
+        return ticks >= max(1, math.floor(interval_s / self.tick_s + 0.5))
 
     def _refresh(self, sc: ServiceControl, now: float, fresh: bool = False) -> bool:
         """Read the live settings (unless read less than REFRESH_S ago and not `fresh`);
