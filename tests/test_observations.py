@@ -1,15 +1,17 @@
 """What the daemon hands the batch tuner: the batches each window ran, one group
 per window, so the tuner can fit batch time against size and see its scatter;
 what it hands the budget tuner: each hop's P50 and P99 from the stage timings;
-and the queueing the throttle reads (P99 over the lowest P99 of the history),
-each second from only the windows added since the last."""
+the queueing the throttle reads (P99 over the lowest P99 of the history),
+each second from only the windows added since the last; and whether degrading
+pays, which the dimmer and the throttle read alike."""
 import math
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from daemon.config import ServiceConf
+from daemon.config import ServiceConf, TunerConf
 from daemon.control import observations
 from daemon.control.observations import MIN_REQUESTS, Inputs, batches_run, for_budget, queue_p99
 from daemon.control.tuner_specs import SPECS
@@ -106,3 +108,39 @@ def test_queue_p99_slides_with_the_history_reading_only_the_windows_added_since(
     reads.clear()
     assert queue_p99(replaced[-2:], replaced, merged) == expected(replaced, merged)
     assert len(reads) == len(replaced)
+
+
+def dimmer_window(t, answered, degraded, queue_ms, refused=0.0) -> Window:
+    """A gateway window: answered queries (degraded of them labelled so), each timed 100 ms
+    plus its wait; the service's own queue-wait histogram says the wait."""
+    lat = Histogram.from_values([(100 + queue_ms) * 1e6] * answered)
+    w = Window("gateway", t, t + 1, 0.8, latency=lat, latency_source="service", rejected=refused)
+    w.histograms[("gateway_request_duration_seconds", "outcome=degraded")] = Histogram.from_values(
+        [(100 + queue_ms) * 1e6] * degraded)
+    w.histograms[("gateway_queue_wait_seconds", "")] = Histogram.from_values([queue_ms * 1e6] * answered)
+    return w
+
+
+def test_the_dimmer_s_verdict_from_the_windows_the_throttle_and_the_dimmer_read_alike():
+    conf = ServiceConf(ServiceSpec("gateway", cmdline="gateway", slo_p99_s=0.8,
+                                   latency_metric="gateway_request_duration_seconds"))
+
+    def inputs(history, worth=None):
+        tuners = (TunerConf("throttle", "slotune", 1.0),
+                  TunerConf("degrade", "slotune", 1.0, {} if worth is None else {"degraded_worth": worth}))
+        c = replace(conf, tuners=tuners)
+        return Inputs(history[-1].end, history[-1:], history, c, {}, 1.0, lambda *_: None,
+                      settings={"degrade_ratio": 0.5}, running=frozenset({"throttle", "degrade"}))
+    # two busy seconds in a row of full answers alone (600 ms queued, over the dimmer's ~480 ms budget):
+    # 100 a second is what they carry; then 8 seconds degrading 60 of 110 within budget (the first 4 ignored)
+    busy = [dimmer_window(float(t), 100, 0, 600.0, refused=20.0) for t in range(3)]
+    mixed = [dimmer_window(float(t), 110, 60, 50.0) for t in range(3, 11)]
+    v = observations.for_degrade(inputs(busy + mixed)).verdict
+    assert (v.pays, v.full_rps, v.worth_rps) == (False, 100.0, 80.0)     # 110 - 0.5 x 60
+    assert not observations.for_throttle(inputs(busy + mixed)).degrade_room   # the throttle refuses instead
+    v = observations.for_degrade(inputs(busy + mixed, worth=0.9)).verdict
+    assert (v.pays, v.worth_rps) == (True, 104.0)                        # worth 0.9 each: 110 - 0.1 x 60
+    assert observations.for_throttle(inputs(busy + mixed, worth=0.9)).degrade_room
+    v = observations.for_degrade(inputs(busy + mixed[:7])).verdict
+    assert (v.pays, v.full_rps) == (None, 100.0)                         # 7 degrading: not yet
+    assert observations.for_throttle(inputs(busy + mixed[:7])).degrade_room

@@ -1,6 +1,8 @@
 """Degrade tuner: the share of queries a service answers degraded (cheaper: no tool
 calls, fewer tokens) that holds its P99 under the SLO with the fewest degraded answers,
-degrading before the throttle refuses.
+degrading before the throttle refuses where that pays: where a second degrading carries
+more worth (a degraded answer worth `degraded_worth` of a full one) than full answers
+alone carry when the service is busy (verdict(), from the service's own windows).
 
 Setting it changes: "degrade_ratio" (0..1; 1 = every answer degraded). Beside the
 throttle, through the window only: slotune's dimmer acts on a share of the queue wait the
@@ -16,16 +18,80 @@ at most P0 (at theta = 0 the estimator learns nothing and P would grow without b
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from tuners import throttle
-from tuners.base import Decision, Policy, Spec, changed, clamp, setting
+from tuners.base import Decision, Option, Policy, Spec, changed, clamp, setting
 
 INTERVAL_S = 1.0
 SETTING = "degrade_ratio"
-SPEC = Spec((SETTING,))
+WORTH = 0.5                   # what a degraded answer is worth to its user, a full one being worth 1
+SPEC = Spec((SETTING,), options=(Option("degraded_worth", WORTH, 0.0, 1.0,
+                                        "what a degraded answer is worth, a full one being worth 1"),))
 SHARE = 0.9                   # slotune's queue-wait budget: this share of the throttle's
 SETPOINT = throttle.TARGET - 0.05   # brownout's P99 setpoint as a share of the SLO, under the throttle's aim
+EVIDENCE_S = 300.0            # how far back the windows that say whether degrading pays reach
+FULL_ONLY, DEGRADING = 0.05, 0.2   # a window's degraded share: at most this, full answers only; at least, degrading
+OVER = 1.1                    # a window offered this many times what it carried was overloaded
+FULL_WINDOWS, DEGRADED_WINDOWS = 2, 4   # windows of each kind before a verdict (twice as many degrading)
+
+
+def queue_budget(slo_s: float, p99_s: float, queue_p99_s: float) -> float:
+    """The queue wait slotune's dimmer allows: SHARE of the throttle's own budget (the SLO's
+    target less the service's own tail)."""
+    service_tail = max(0.0, p99_s - queue_p99_s)
+    return SHARE * max(throttle.TARGET * slo_s - service_tail, 0.25 * service_tail)
+
+
+@dataclass(frozen=True)
+class Busy:
+    """One window in which the service was busy throughout (its queue wait over the
+    dimmer's budget): what it carried then is what it can carry at that mix."""
+    completed_rps: float
+    degraded_rps: float
+    offered_rps: float = 0.0 # answered and refused
+    refused: bool = False    # the limiter in front refused some: what it let through, not what the service could
+    busy: bool = True        # its queue wait was over the dimmer's budget: it carried all it could
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether degrading answers lets the service carry more worth a second than full
+    answers alone, from its busy windows: None until both kinds were seen."""
+    pays: bool | None = None
+    full_rps: float = math.nan       # full answers a second it carried busy, degrading nothing
+    worth_rps: float = math.nan      # worth a second it carried busy while degrading
+    why: str = "no busy window yet"
+
+    @property
+    def full_known(self) -> bool:
+        return math.isfinite(self.full_rps)
+
+
+def verdict(busy: list[Busy], worth: float) -> Verdict:
+    """Busy windows degrading (nearly) nothing give the full-answer capacity, their median;
+    busy windows degrading at least DEGRADING of their answers give the worth carried
+    (full + worth x degraded a second), their median. A degraded answer that costs the
+    service nearly a full one's work (a batch that runs as long as its longest answer, a
+    degraded answer that still waits on the same model) carries less worth than refusing
+    would leave: then it does not pay."""
+    full = [b.completed_rps for before, b in zip(busy, busy[1:])     # two in a row, offered a tenth more than
+            if b.busy and before.busy and b.offered_rps >= OVER * b.completed_rps   # it carried: not a second's
+            and b.degraded_rps <= FULL_ONLY * b.completed_rps]                      # bad luck at a lighter load
+    mixed = [b.completed_rps - (1 - worth) * b.degraded_rps for b in busy
+             if b.degraded_rps >= DEGRADING * b.completed_rps and (b.busy or not b.refused)]
+    if len(full) < FULL_WINDOWS:
+        return Verdict(why=f"{len(full)} busy window(s) of full answers alone, {FULL_WINDOWS} needed")
+    full_rps = float(np.median(full))
+    if len(mixed) < 2 * DEGRADED_WINDOWS:
+        return Verdict(None, full_rps, why=f"full answers alone carry {full_rps:.0f}/s busy; "
+                                           f"{len(mixed)} busy window(s) degrading, {DEGRADED_WINDOWS} needed")
+    worth_rps = float(np.median(mixed[DEGRADED_WINDOWS:]))   # the first ones find the ratio
+    pays = worth_rps > full_rps
+    return Verdict(pays, full_rps, worth_rps, f"degrading, it carried {worth_rps:.0f} worth/s; busy with full "
+                                              f"answers alone, {full_rps:.0f}/s")
 
 
 @dataclass(frozen=True)
@@ -39,6 +105,7 @@ class Observation:
     refused_rps: float     # refused by the service's limits (the throttle's)
     queue_p99_s: float | None = None  # P99 of the time answers waited for their turn; None: unmeasured
     #                                   (slotune then treats all of P99 as queue, as the throttle does)
+    verdict: Verdict = field(default_factory=Verdict)   # whether degrading pays here (slotune's policy)
 
 
 def _idle(obs: Observation) -> bool:
@@ -121,10 +188,14 @@ def _slotune_init(settings):
 def _slotune_decide(state: SlotuneState, obs: Observation):
     if _idle(obs):
         return state, Decision({}, "no completed requests")
+    if obs.verdict.pays is False or not obs.verdict.full_known:
+        # degrading does not pay here (the throttle refuses instead), or it is not known yet
+        # what full answers alone carry: the busy windows that say so come first
+        why = (f"degrading does not pay: {obs.verdict.why}" if obs.verdict.pays is False
+               else f"nothing degraded until it is known what full answers alone carry: {obs.verdict.why}")
+        return SlotuneState(0.0), Decision(changed(state.ratio, 0.0, SETTING), why)
     queue = obs.p99_s if obs.queue_p99_s is None else obs.queue_p99_s
-    service_tail = max(0.0, obs.p99_s - queue)
-    # the queue wait the throttle allows (its own rule), and a share of it for the dimmer
-    budget = SHARE * max(throttle.TARGET * obs.slo_s - service_tail, 0.25 * service_tail)
+    budget = queue_budget(obs.slo_s, obs.p99_s, queue)
     slack = 0.1 * budget
     full_now = max(obs.completed_rps - obs.degraded_rps, 0.0)
     before, fast_below = min(state.full_rps, full_now), state.fast_below_rps
@@ -153,6 +224,9 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
         why = f"queue P99 {queue * 1e3:.0f} ms within {budget * 1e3:.0f} ms"
     offered = max(obs.arrival_rps, obs.completed_rps)
     ratio = clamp(1.0 - full / offered, 0.0, 1.0) if math.isfinite(full) else 0.0
+    if ratio > 0 and offered <= obs.verdict.full_rps:   # capacity unused: a queue of bad luck, not of load
+        ratio, why = 0.0, f"{why}; but {offered:.0f} queries/s offered is within the {obs.verdict.full_rps:.0f} " \
+                          f"full answers/s it carried busy: nothing degraded"
     if ratio > 0 and state.ratio == 0:
         why += f"; {offered:.0f} queries/s offered over the {full:.0f} full answers/s it carries"
     return SlotuneState(ratio, full, fast_below, cut), Decision(changed(state.ratio, ratio, SETTING), why)

@@ -1,11 +1,20 @@
 """Degrade scenarios: the throttle's service (8 workers, FIFO queue, lognormal service
-times) with a dimmer in front, a degraded answer costing a quarter of a full one's service time
-(no tool calls, which take half of it, and half the tokens); slotune's throttle runs beside every dimmer
-policy but in `step_alone`. The oracle sets the ratio each second from the true offered load
-and capacity (the ratio that keeps the workers 90 % busy). Per run: the share of offered requests answered within the SLO with a degraded answer
-counted as half (primary) and as a whole, the refused and degraded shares, and the seconds
-with the window P99 over the SLO."""
+times) with a dimmer in front, under a constant overload of a known capacity C (0.8x to
+3x, after 20 s at 0.5x), a load step 0.5x -> 1.5x -> 0.5x and a compressed day
+0.4x-1.6x. Each on two services: `cheap`, where a degraded answer costs a quarter of a
+full one's work (no tool calls, half the tokens), and `batched`, where answers run in
+batches of 8 as long as their longest, so a degraded answer saves its work only in a
+batch of degraded answers (an engine's static batches). slotune's throttle runs beside
+every dimmer policy (`no_dimmer`: the throttle alone). The oracle is the best static
+setting for that scenario: a concurrency limit and a ratio from a grid, each run on the
+scenario with another seed and the best by the primary metric kept. Per run: the share
+of offered requests answered within the SLO with a degraded answer counted as half
+(primary) and as a whole, the refused and degraded shares, and the seconds with the
+window P99 over the SLO."""
 from __future__ import annotations
+
+import functools
+import itertools
 
 import numpy as np
 
@@ -14,56 +23,45 @@ from tuners import degrade, throttle
 from tuners.base import Decision, Policy
 
 SLO_P99_OF_FULL = 1.5            # SLO = 1.5 x the no-load P99 of full answers, as the throttle bench's
-MODEL = service.ServiceModel(workers=8, median_s=0.040, sigma=0.5,
-                             slo_s=float(SLO_P99_OF_FULL * 0.040 * np.exp(2.326 * 0.5)), degraded_cost=0.25)
-SCENARIOS = ("step", "ramp", "diurnal", "burst", "step_alone")
+SLO_S = float(SLO_P99_OF_FULL * 0.040 * np.exp(2.326 * 0.5))
+MODELS = {"cheap": service.ServiceModel(workers=8, median_s=0.040, sigma=0.5, slo_s=SLO_S, degraded_cost=0.25),
+          "batched": service.ServiceModel(workers=8, median_s=0.040, sigma=0.5, slo_s=SLO_S, degraded_cost=0.25,
+                                          batch=8)}
+LEVELS = {"0.8x": 0.8, "1.2x": 1.2, "1.5x": 1.5, "2x": 2.0, "3x": 3.0}
+SCENARIOS = tuple(f"{load} {model}" for model in MODELS for load in (*LEVELS, "step", "diurnal"))
 POLICIES = ("slotune", "whitepaper", "brownout", "no_dimmer", "oracle")
 METRICS = (("half_credit", "within SLO (degraded = ½)", "high"), ("full_credit", "within SLO (degraded = 1)", "high"),
            ("refused", "refused", "low"), ("degraded", "degraded", "low"), ("over_slo_s", "s P99>SLO", "low"))
 PRIMARY = "half_credit"
+START_LIMIT = 32.0               # the throttle's (and the oracle grid's middle) concurrency limit
+ORACLE_GRID = {"concurrency_limit": (16.0, 32.0, 64.0), "degrade_ratio": (0.0, 0.25, 0.5, 0.75, 1.0)}
+ORACLE_SEED = 1000               # the sweep's own seed: the oracle is not picked on the run it is scored on
 
 
-def _rates(scenario: str, duration: int, cap: float) -> np.ndarray:
+def _rates(load: str, duration: int, cap: float) -> np.ndarray:
     t = np.arange(duration, dtype=float)
-    if scenario in ("step", "step_alone"):   # 0.5C -> 1.5C -> 0.5C
+    if load in LEVELS:
+        return np.where(t < 20, 0.5, LEVELS[load]) * cap
+    if load == "step":           # 0.5C -> 1.5C -> 0.5C
         return arrivals.profile("step", duration, cap)
-    if scenario == "ramp":       # 0.1C -> 5C: past 4C even degrading everything is not enough
-        return (0.1 + 4.9 * t / max(1, duration - 1)) * cap
-    if scenario == "diurnal":    # a compressed day, 0.4C at night to 1.6C at the peak
+    if load == "diurnal":        # a compressed day, 0.4C at night to 1.6C at the peak
         return 1.25 * arrivals.profile("diurnal", duration, cap)
-    if scenario == "burst":      # 0.6C with 3C for a tenth of the run, half-way
-        return np.where(np.abs(t - duration / 2) < duration / 20, 3.0, 0.6) * cap
-    raise ValueError(f"unknown degrade scenario {scenario!r}; use one of {SCENARIOS}")
+    raise ValueError(f"unknown degrade load {load!r}")
 
 
-def _oracle(rates: np.ndarray) -> Policy:
-    ideal = np.clip((1 - 0.9 * MODEL.capacity_rps / rates) / (1 - MODEL.degraded_cost), 0.0, 1.0)
-
-    def decide(state, obs):   # obs.now: the second about to start
-        ratio = float(ideal[min(int(obs.now), len(ideal) - 1)])
-        return state, Decision({degrade.SETTING: ratio}, "the true load")
-    return Policy("oracle", "the ratio from the true load", lambda settings: None, decide)
+def _static() -> Policy:
+    return Policy("static", "settings as given", lambda settings: None,
+                  lambda state, obs: (state, Decision({}, "static")))
 
 
-def _no_throttle() -> Policy:
-    return Policy("none", "no limit", lambda settings: None, lambda state, obs: (state, Decision({}, "no throttle")))
-
-
-def run_one(policy_name: str, scenario: str, seed: int, quick: bool) -> dict[str, float]:
+def _simulate(scenario: str, seed: int, quick: bool, throttler: Policy, dimmer, settings: dict) -> dict[str, float]:
+    load, model_name = scenario.split()
+    model = MODELS[model_name]
     duration = 60 if quick else 180
     rng = np.random.default_rng(seed)
-    rates = _rates(scenario, duration, MODEL.capacity_rps)
+    rates = _rates(load, duration, model.capacity_rps)
     times = arrivals.poisson(rates, rng)
-    if policy_name in ("no_dimmer", "oracle"):
-        dimmer = None if policy_name == "no_dimmer" else _oracle(rates)
-    else:
-        dimmer = degrade.POLICIES[policy_name]
-    settings = {degrade.SETTING: 0.0}
-    if scenario == "step_alone":
-        throttler = _no_throttle()
-    else:
-        throttler, settings["concurrency_limit"] = throttle.POLICIES["slotune"], 4.0 * MODEL.workers
-    res = service.run(throttler, MODEL, times, np.ones(duration), settings, rng, duration, dimmer=dimmer)
+    res = service.run(throttler, model, times, np.ones(duration), dict(settings), rng, duration, dimmer=dimmer)
     offered = max(1.0, res["offered"].sum())
     good_full = res["goodput"].sum() - res["good_degraded"].sum()
     return {
@@ -71,5 +69,23 @@ def run_one(policy_name: str, scenario: str, seed: int, quick: bool) -> dict[str
         "full_credit": float(res["goodput"].sum() / offered),
         "refused": float(res["rejected"].sum() / offered),
         "degraded": float(res["degraded"].sum() / offered),
-        "over_slo_s": float(np.count_nonzero(res["p99"] > MODEL.slo_s)),
+        "over_slo_s": float(np.count_nonzero(res["p99"] > model.slo_s)),
     }
+
+
+@functools.lru_cache(maxsize=None)
+def best_static(scenario: str, quick: bool) -> tuple[float, float]:
+    """The grid's (concurrency limit, ratio) with the highest primary metric on the scenario, seed ORACLE_SEED."""
+    scores = {point: _simulate(scenario, ORACLE_SEED, quick, _static(), None,
+                               {"concurrency_limit": point[0], degrade.SETTING: point[1]})[PRIMARY]
+              for point in itertools.product(*ORACLE_GRID.values())}
+    return max(scores, key=scores.get)
+
+
+def run_one(policy_name: str, scenario: str, seed: int, quick: bool) -> dict[str, float]:
+    if policy_name == "oracle":
+        limit, ratio = best_static(scenario, quick)
+        return _simulate(scenario, seed, quick, _static(), None, {"concurrency_limit": limit, degrade.SETTING: ratio})
+    dimmer = None if policy_name == "no_dimmer" else degrade.POLICIES[policy_name]
+    return _simulate(scenario, seed, quick, throttle.POLICIES["slotune"], dimmer,
+                     {"concurrency_limit": START_LIMIT, degrade.SETTING: 0.0})

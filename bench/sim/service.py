@@ -3,7 +3,9 @@ service times, and a limiter in front (concurrency limit and/or token-bucket rat
 whose settings a throttle policy retunes every INTERVAL_S from 1-second windows; and
 optionally a dimmer that answers a share of the admitted requests degraded (for
 `degraded_cost` of the service time: no tool calls, fewer tokens), whose ratio a degrade
-policy retunes at the same time from the same windows."""
+policy retunes at the same time from the same windows. With `batch` > 1 the answers run
+in batches as long as their longest answer: a degraded answer saves its work only when
+its batch-mates are degraded too (each is, with the ratio's chance)."""
 from __future__ import annotations
 
 import heapq
@@ -21,6 +23,7 @@ class ServiceModel:
     sigma: float           # lognormal shape (1-1.5 = heavy tail)
     slo_s: float
     degraded_cost: float = 1.0   # a degraded answer's service time, as a share of a full one's
+    batch: int = 1               # answers run together, each batch as long as its longest answer
 
     @property
     def mean_s(self) -> float:
@@ -43,6 +46,9 @@ def run(policy, model: ServiceModel, arrivals: np.ndarray, slowdown: np.ndarray,
     """Simulate; returns per-second arrays (goodput, p99, setting; with a dimmer, the
     degraded answers, those within the SLO and the ratio too) and totals."""
     service = rng.lognormal(np.log(model.median_s), model.sigma, arrivals.size)
+    batch_rng = np.random.default_rng(rng.integers(1 << 32))
+    busy: list[tuple[int, degrade.Busy]] = []     # (second, what it carried) of each busy second
+    worth = settings.get("degraded_worth", degrade.WORTH)
     state = policy.initial_state(settings)
     ratio = settings.get(degrade.SETTING, 0.0)
     dim_state = dimmer.initial_state(settings) if dimmer is not None else None
@@ -87,8 +93,9 @@ def run(policy, model: ServiceModel, arrivals: np.ndarray, slowdown: np.ndarray,
                 owed += ratio
                 dim = owed >= 1.0 - 1e-9
                 owed -= dim
+                cheap = dim and (model.batch == 1 or batch_rng.random() < ratio ** (model.batch - 1))
                 start = max(t, heappop(free))
-                finish = start + service[i] * slowdown[min(sec, duration - 1)] * (model.degraded_cost if dim else 1.0)
+                finish = start + service[i] * slowdown[min(sec, duration - 1)] * (model.degraded_cost if cheap else 1.0)
                 heappush(free, finish)
                 heappush(in_flight, finish)
                 if len(in_flight) > peak[sec]:
@@ -106,18 +113,25 @@ def run(policy, model: ServiceModel, arrivals: np.ndarray, slowdown: np.ndarray,
         degraded[w] = np.count_nonzero(dim)
         good_degraded[w] = np.count_nonzero(dim & (lat <= model.slo_s))
         queue_p99 = quantiles(np.asarray(waits[w]))[2]
+        verdict = degrade.Verdict()
+        if dimmer is not None:
+            if lat.size:
+                busy.append((w, degrade.Busy(float(lat.size), degraded[w], offered[w], rejected[w] > 0,
+                                             queue_p99 > degrade.queue_budget(model.slo_s, p99, queue_p99))))
+            verdict = degrade.verdict([b for s, b in busy if s > w - degrade.EVIDENCE_S], worth)
         if tick % int(throttle.INTERVAL_S) == 0:
             obs = throttle.Observation(now=float(tick), slo_s=model.slo_s, p50_s=p50, p90_s=p90, p99_s=p99,
                                        arrival_rps=offered[w], completed_rps=float(lat.size), goodput_rps=good[w],
                                        rejected_rps=rejected[w], in_flight=max(peak[w], len(in_flight)),
-                                       queue_p99_s=queue_p99, degrade_room=dimmer is not None and ratio < 1.0)
+                                       queue_p99_s=queue_p99,
+                                       degrade_room=dimmer is not None and ratio < 1.0 and verdict.pays is not False)
             state, decision = policy.decide(state, obs)
             limit = decision.changes.get("concurrency_limit", limit)
             rate = decision.changes.get("rate_limit_rps", rate)
         if dimmer is not None and tick % int(degrade.INTERVAL_S) == 0:
             obs = degrade.Observation(now=float(tick), slo_s=model.slo_s, p99_s=p99, arrival_rps=offered[w],
                                       completed_rps=float(lat.size), degraded_rps=degraded[w],
-                                      refused_rps=rejected[w], queue_p99_s=queue_p99)
+                                      refused_rps=rejected[w], queue_p99_s=queue_p99, verdict=verdict)
             dim_state, decision = dimmer.decide(dim_state, obs)
             ratio = decision.changes.get(degrade.SETTING, ratio)
         setting_trace[w] = limit if limit != float("inf") else rate

@@ -73,14 +73,16 @@ def _family_hist(windows: list[Window], suffix: str):
     return merged(h for w in windows for (fam, _), h in w.histograms.items() if fam.endswith(suffix))
 
 
-def queue_p99(windows: list[Window], history: list[Window], merged) -> float:
+def queue_p99(windows: list[Window], history: list[Window], merged, lowest: float | None = None) -> float:
     """How long requests waited for their turn, at the tail: the service's own queue-wait
     histogram when it exports one, else P99 above the lowest P99 it showed lately (its
-    no-load tail, as Vegas estimates queueing from RTT over the no-load RTT)."""
+    no-load tail, as Vegas estimates queueing from RTT over the no-load RTT; `lowest`
+    when the caller has it)."""
     own = _family_hist(windows, "_queue_wait_seconds")
     if own is not None and own.count:
         return _q(own, 0.99)
-    lowest = min(column(history, "queue tail", _tail), default=math.inf)
+    if lowest is None:
+        lowest = min(column(history, "queue tail", _tail), default=math.inf)
     if lowest == math.inf:
         return 0.0
     return max(0.0, _q(merged, 0.99) - lowest)
@@ -90,6 +92,34 @@ def _tail(w: Window) -> float:
     """The window's P99 where it timed enough requests to say one, else infinity."""
     p99 = w.p(0.99) if w.requests >= MIN_REQUESTS else math.nan
     return p99 if math.isfinite(p99) else math.inf
+
+
+def _degraded(w: Window, latency_metric: str) -> float:
+    """Answers the window's latency histogram labels outcome="degraded"."""
+    return sum(h.count for (fam, label), h in w.histograms.items()
+               if fam == latency_metric and labels.value(label, "outcome") == DEGRADED_OUTCOME)
+
+
+def dimmer_verdict(i: Inputs) -> degrade.Verdict:
+    """Whether degrading pays on this service (tuners/degrade.py verdict), from its windows
+    of the last EVIDENCE_S: what each carried, how much of it degraded, whether the
+    limiter refused and whether its queue wait was over the dimmer's budget. Each
+    window's row is worked out once, when it is new (daemon/model/columns.py)."""
+    slo, metric = i.conf.spec.slo_p99_s, i.conf.spec.latency_metric
+    lowest = min(column(i.history, "queue tail", _tail), default=math.inf)
+
+    def row(w: Window) -> degrade.Busy | None:
+        if not w.requests or not w.seconds:
+            return None
+        queue = queue_p99([w], [], w.latency, lowest)
+        return degrade.Busy(w.requests / w.seconds, _degraded(w, metric) / w.seconds,
+                            (w.requests + w.rejected) / w.seconds, w.rejected > 0,
+                            queue > degrade.queue_budget(slo, _q(w.latency, 0.99), queue))
+    rows = column(i.history, "dimmer evidence", row)
+    since = i.now - degrade.EVIDENCE_S
+    worth = next((t.options.get("degraded_worth", degrade.WORTH) for t in i.conf.tuners if t.name == "degrade"),
+                 degrade.WORTH)
+    return degrade.verdict([r for w, r in zip(i.history, rows) if r is not None and w.end > since], worth)
 
 
 def for_throttle(i: Inputs) -> throttle.Observation:
@@ -104,8 +134,15 @@ def for_throttle(i: Inputs) -> throttle.Observation:
         arrival_rps=sum(w.requests + w.rejected for w in windows) / secs, completed_rps=completed,
         goodput_rps=sum(w.goodput * w.seconds for w in windows) / secs,
         rejected_rps=sum(w.rejected for w in windows) / secs, in_flight=float(in_flight),
-        queue_p99_s=queue_p99(windows, i.history, hist),
-        degrade_room="degrade" in i.running and i.settings.get(degrade.SETTING, 1.0) < 1.0)
+        queue_p99_s=queue_p99(windows, i.history, hist), degrade_room=_degrade_room(i))
+
+
+def _degrade_room(i: Inputs) -> bool:
+    """A dimmer beside the throttle can still degrade more, and it pays: the throttle lets it go first."""
+    if "degrade" not in i.running or i.settings.get(degrade.SETTING, 1.0) >= 1.0:
+        return False
+    verdict = dimmer_verdict(i)
+    return verdict.pays is not False
 
 
 def for_degrade(i: Inputs) -> degrade.Observation:
@@ -114,13 +151,13 @@ def for_degrade(i: Inputs) -> degrade.Observation:
     failed tool degraded)."""
     windows = i.recent
     hist, secs = i.span.latency, _seconds(windows)
-    degraded = sum(h.count for w in windows for (fam, label), h in w.histograms.items()
-                   if fam == i.conf.spec.latency_metric and labels.value(label, "outcome") == DEGRADED_OUTCOME)
+    degraded = sum(_degraded(w, i.conf.spec.latency_metric) for w in windows)
     return degrade.Observation(
         now=i.now, slo_s=i.conf.spec.slo_p99_s, p99_s=_q(hist, 0.99),
         arrival_rps=sum(w.requests + w.rejected for w in windows) / secs,
         completed_rps=sum(w.requests for w in windows) / secs, degraded_rps=degraded / secs,
-        refused_rps=sum(w.rejected for w in windows) / secs, queue_p99_s=queue_p99(windows, i.history, hist))
+        refused_rps=sum(w.rejected for w in windows) / secs, queue_p99_s=queue_p99(windows, i.history, hist),
+        verdict=dimmer_verdict(i))
 
 
 def for_batch(i: Inputs) -> batch.Observation:
