@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from daemon.collectors.kernel.families import FAMILIES
 from daemon.collectors.kernel.program import MAP_ENTRIES, MAP_ENTRIES_RANGE
+from daemon.model.histogram import BUCKETS_PER_OCTAVE
 from daemon.model.service import ServiceSpec
 from daemon import profiles
 
@@ -90,6 +91,7 @@ class ExportConf:
     otlp_endpoint: str = ""            # OTLP/HTTP base URL: decisions to /v1/logs, metrics to /v1/metrics
     otlp_metrics: bool = True
     otlp_metrics_interval_s: float = 30.0
+    buckets_per_octave: int = 4        # the exported latency histograms' steps per power of two
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,7 @@ class _Reader:
         if lo is not None and value < lo or hi is not None and value > hi:
             raise ConfigError(self.file, self.key(name), f"{value!r} is outside {lo}..{hi}")
         if choices is not None and value not in choices:
-            raise ConfigError(self.file, self.key(name), f"{value!r} is not one of {', '.join(choices)}")
+            raise ConfigError(self.file, self.key(name), f"{value!r} is not one of {', '.join(map(str, choices))}")
         return value
 
     def table_of(self, name: str) -> "_Reader":
@@ -429,7 +431,8 @@ def _export(file: Path, r: _Reader) -> ExportConf:
         grafana_url=r.get("grafana_url", str, ""), grafana_token_file=r.get("grafana_token_file", str, ""),
         grafana_dashboard_uid=r.get("grafana_dashboard_uid", str, ""), otlp_endpoint=r.get("otlp_endpoint", str, ""),
         otlp_metrics=r.get("otlp_metrics", bool, True),
-        otlp_metrics_interval_s=r.get("otlp_metrics_interval_s", float, 30.0, lo=1.0, hi=3600.0))
+        otlp_metrics_interval_s=r.get("otlp_metrics_interval_s", float, 30.0, lo=1.0, hi=3600.0),
+        buckets_per_octave=r.get("buckets_per_octave", int, 4, choices=BUCKETS_PER_OCTAVE))
     r.done()
     for key in ("grafana_url", "otlp_endpoint"):
         if getattr(conf, key) and not getattr(conf, key).startswith(("http://", "https://")):

@@ -33,7 +33,7 @@ from daemon.host import sdnotify
 from daemon.host.bulkheads import Bulkheads
 from daemon.host.signals import Signals
 from daemon.model import window
-from daemon.model.histogram import merged
+from daemon.model.histogram import export_bounds, merged
 from daemon.model.columns import History
 from daemon.model.interval import Interval
 from daemon.store.baselines import BaselineStore
@@ -70,7 +70,7 @@ class Daemon:
     def __init__(self, cfg: config_mod.Config, dry_run: bool = False, collectors=None, restore_on_exit=False):
         self.cfg, self.forced_dry_run = cfg, dry_run
         self.metrics = LoopMetrics()
-        self.exporter = SampleExporter()
+        self.exporter = SampleExporter(export_bounds(self.cfg.export.buckets_per_octave))
         self.registry = CollectorRegistry()
         self.registry.register(self.metrics)
         self.registry.register(self.exporter)

@@ -1,6 +1,6 @@
 """Prometheus export of collector Samples: a prometheus_client custom collector
 that adds every Sample's deltas into cumulative families at observe() time and
-builds real histograms (_bucket/_sum/_count on EXPORT_BOUNDS_S), counters and
+builds real histograms (_bucket/_sum/_count on export_bounds()), counters and
 gauges at scrape time. Which signal becomes which metric is the SIGNALS table:
 the rows each collector adds with register_signals() (the kernel collector its
 probe families' signals, in collectors/kernel/families.py; the GPU collector its own)."""
@@ -14,7 +14,7 @@ from typing import NamedTuple
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from daemon.model.sample import Sample
-from daemon.model.histogram import EXPORT_BOUNDS_S, Histogram, add_into
+from daemon.model.histogram import Histogram, add_into, export_bounds
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,8 @@ def register_signals(table: dict[str, Signal | tuple]) -> None:
 class SampleExporter:
     """Register with a CollectorRegistry; feed it with observe(samples) each interval."""
 
-    def __init__(self):
+    def __init__(self, bounds_s: tuple[float, ...] | None = None):
+        self.bounds_s = bounds_s or export_bounds()    # [export] buckets_per_octave
         self._lock = threading.Lock()
         self._hists: dict[tuple[str, str, str], Histogram] = {}
         self._counters: dict[tuple[str, str, str], float] = {}
@@ -111,7 +112,7 @@ class SampleExporter:
         for (signal, service, label), h in sorted(hists.items()):
             fam, row = family(signal)
             fam.add_metric([service] + ([label] if row.label else []),
-                           buckets=h.prometheus_buckets(EXPORT_BOUNDS_S), sum_value=h.total_ns / 1e9)
+                           buckets=h.prometheus_buckets(self.bounds_s), sum_value=h.total_ns / 1e9)
         for (signal, service, label), v in sorted(counters.items()):
             fam, row = family(signal)
             fam.add_metric([service] + ([label] if row.label else []), v)

@@ -23,6 +23,8 @@ def load(tmp_path, export: str):
     ('otlp_endpoint = "c:4318"', "export.otlp_endpoint", "not an http(s) URL"),
     ("otlp_metrics_interval_s = 0.1", "export.otlp_metrics_interval_s", "outside 1.0..3600.0"),
     ('grafana = "http://g"', "export.grafana", "unknown key"),
+    ("buckets_per_octave = 3", "export.buckets_per_octave", "not one of 1, 2, 4, 8"),
+    ("buckets_per_octave = 4.0", "export.buckets_per_octave", "must be int"),
 ])
 def test_bad_export_keys_are_refused_with_the_key(tmp_path, export, key, says):
     with pytest.raises(config.ConfigError) as err:
@@ -33,6 +35,17 @@ def test_bad_export_keys_are_refused_with_the_key(tmp_path, export, key, says):
 def test_the_defaults_send_nothing_anywhere(tmp_path):
     cfg = load(tmp_path, "")
     assert (cfg.export.grafana_url, cfg.export.otlp_endpoint) == ("", "")
+
+
+def test_the_exported_latency_histograms_have_the_buckets_asked_for(tmp_path):
+    (tmp_path / "s.toml").write_text(BASE + f'[daemon]\naudit_log = "{tmp_path}/a.jsonl"\n'
+                                     f'baseline_store = "{tmp_path}/b.sqlite"\n[export]\nbuckets_per_octave = 2\n')
+    daemon = Daemon(config.load(tmp_path / "s.toml"), collectors=[SetLatency()])
+    try:
+        assert len(daemon.exporter.bounds_s) == 52 and daemon.exporter.bounds_s[:3] == (1.024e-06, 1.536e-06, 2.048e-06)
+    finally:
+        daemon.close()
+    assert load(tmp_path, "").export.buckets_per_octave == 4        # 104 buckets: within 1.13x read back
 
 
 def test_a_reload_that_changes_export_is_refused(tmp_path, caplog):
