@@ -1,21 +1,27 @@
 """What tuning buys on the real stack: the reference stack and a real `slotune run`
-on this machine under the demo's load step and a diurnal day, four arms run
-alternately, each on a fresh stack (its own Redis, empty caches):
+on this machine under constant overloads, the demo's load step and a diurnal day,
+four arms run alternately, each on a fresh stack (its own Redis, empty caches):
 
   shipped     the settings the stack ships with (no limit, no dimmer), no daemon
   whitepaper  the daemon with every tuner on `policy = "whitepaper"`
   slotune     the daemon with slotune's policies
-  oracle      the best static settings of a short sweep run before the rounds, no daemon
+  oracle      the best static settings for that profile, from a short sweep of it run
+              before the rounds, no daemon (the table says them: concurrency limit, ratio)
 
-Per arm, from the load generator's own records: seconds whose P99 (answers
-completed in that second) is over the SLO, goodput (answered within the SLO per
-second, a degraded answer counting in full), the share within the SLO with a
-degraded answer counting half, refused (429) and degraded shares, errors, and the
-client-side P50/P99. Medians over the rounds with [min-max].
+The inference server is paced (PACE: each token step slept by a clock), so its
+capacity C is known and the same on any host, and 1.5x is 1.5x: 20 s at 0.5 C, then
+0.8, 1.2, 1.5, 2 or 3 C (`1.5x`); the step 0.5 C -> 1.5 C -> 0.5 C; the day
+0.18 C - 1.62 C. `--cpu` runs the CPU model instead, C measured as the demo does.
 
-    python -m bench.closed_loop                 # 3 rounds x 4 arms x 2 profiles, about 25 minutes (23 on 2026-12-01)
-    python -m bench.closed_loop --quick         # 1 round of short phases, a smoke run (about 6 minutes)
-    python -m bench.closed_loop --rounds 5 --json /tmp/closed_loop.json
+Per arm, from the load generator's own records: the share answered within the SLO
+with a degraded answer counting half (the primary figure), seconds whose P99
+(answers completed in that second) is over the SLO, goodput (answered within the
+SLO per second, a degraded answer counting in full), refused (429) and degraded
+shares, errors, and the client-side P50/P99. Medians over the rounds with [min-max].
+
+    python -m bench.closed_loop                 # 3 rounds x 4 arms x 7 profiles
+    python -m bench.closed_loop --quick         # 1 round of short phases and a 2-point sweep, a smoke run
+    python -m bench.closed_loop --profiles 1.5x,step --rounds 5 --json /tmp/closed_loop.json
 
 Needs root (the daemon's eBPF probes)."""
 from __future__ import annotations
@@ -44,11 +50,17 @@ from daemon.demo.run import GATEWAY_SLO_MS, INFERENCE_SLO_MS, measure_capacity, 
 from daemon.demo.stack_config import DEMO_STACK_SETTINGS, for_reference_stack  # noqa: E402
 from reference_stack import launcher, loadgen  # noqa: E402
 from reference_stack.client import StackClient  # noqa: E402
+from reference_stack.paced import Pace  # noqa: E402
 
 SLO_S = GATEWAY_SLO_MS / 1e3
 ARMS = ("shipped", "whitepaper", "slotune", "oracle")
-PROFILES = ("step", "diurnal")
+LEVELS = {"0.8x": 0.8, "1.2x": 1.2, "1.5x": 1.5, "2x": 2.0, "3x": 3.0}
+PROFILES = (*LEVELS, "step", "diurnal")
 DIURNAL_MEAN = 0.9          # x capacity: the day swings 0.18..1.62 x capacity
+# Paced inference: each token step 10 ms + 1 ms a sequence, 5 % jitter. At batch 8 and 12-token
+# answers C = 37 answers/s, so 3 C stays within what this machine's gateway and load generator carry.
+PACE = "10,1,0.05"
+BATCH, ANSWER_TOKENS = 8, 12
 # The whitepaper's token bucket starts open: twice the capacity, above the step's 1.5 x.
 WHITEPAPER_START_X = 2.0
 ORACLE_GRID = {"concurrency_limit": (8, 16, 32), "degrade_ratio": (0.0, 0.5, 1.0), "max_batch_size": (8,)}
@@ -77,7 +89,11 @@ class Run:
 
 
 def plan(profile: str, capacity: float, quick: bool) -> list[tuple[float, float, str]]:
-    """(rate, seconds, loadgen profile) segments: the demo's step at 0.2 of its length, or one day."""
+    """(rate, seconds, loadgen profile) segments: 20 s at half capacity then a level, the
+    demo's step at 0.2 of its length, or one day."""
+    if profile in LEVELS:
+        return [(0.5 * capacity, 10.0 if quick else 20.0, "constant"),
+                (LEVELS[profile] * capacity, 20.0 if quick else 40.0, "constant")]
     if profile == "step":
         return [(p.rate, p.seconds, "constant") for p in phases(capacity, 0.1 if quick else 0.2)]
     return [(DIURNAL_MEAN * capacity, 16.0 if quick else 33.0, "diurnal")]
@@ -113,7 +129,8 @@ def stop_daemon(proc: subprocess.Popen) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def run_arm(arm: str, profile: str, rnd: int, capacity: float, oracle: dict, quick: bool, work: Path) -> Run:
+def run_arm(arm: str, profile: str, rnd: int, capacity: float, oracle: dict, quick: bool, work: Path,
+            inference_args: list[str]) -> Run:
     """A fresh stack with the arm's settings (and daemon), the profile's load, then both stopped."""
     policy = {"whitepaper": "whitepaper", "slotune": "slotune"}.get(arm)
     settings = {"oracle": {"gateway": {k: v for k, v in oracle.items() if k != "max_batch_size"},
@@ -121,7 +138,7 @@ def run_arm(arm: str, profile: str, rnd: int, capacity: float, oracle: dict, qui
                 "slotune": DEMO_STACK_SETTINGS,
                 "whitepaper": {"gateway": {"rate_limit_rps": round(WHITEPAPER_START_X * capacity, 1)}}}.get(arm, {})
     run_dir = work / f"{profile}-{arm}-{rnd}"
-    cfg = launcher.StackConfig.on_free_ports(run_dir / "stack", settings=settings)
+    cfg = launcher.StackConfig.on_free_ports(run_dir / "stack", settings=settings, inference_args=inference_args)
     state = launcher.start(cfg)
     daemon, trace, stop = None, [], threading.Event()
     try:
@@ -172,23 +189,22 @@ def figures(run: Run) -> dict:
             "mean_ratio": float(np.mean([s["degrade_ratio"] for s in run.trace])) if run.trace else 0.0}
 
 
-def sweep(client: StackClient, capacity: float, grid: dict, quick: bool) -> tuple[dict, list]:
-    """Each static point of the grid under a short step (0.5 x then 1.5 x capacity) on one stack;
-    the best by the share within the SLO, a degraded answer counting half."""
+def sweep(client: StackClient, capacity: float, grid: dict, profile: str, quick: bool) -> tuple[dict, list]:
+    """Each static point of the grid under the profile's load, shortened to a third, on one
+    stack; the best by the share within the SLO, a degraded answer counting half."""
     names, scores = list(grid), []
-    low_s, high_s = (2.0, 5.0) if quick else (3.0, 8.0)
+    segments = [(rate, seconds / 3, shape) for rate, seconds, shape in plan(profile, capacity, quick)]
     for values in itertools.product(*grid.values()):
         point = dict(zip(names, values))
         client.patch("gateway", **{k: v for k, v in point.items() if k != "max_batch_size"})
         client.patch("inference", max_batch_size=point["max_batch_size"])
         client.admin("gateway", "POST", {"level": "all"}, path="/admin/cache/flush")   # each point from cold caches
         time.sleep(1.0)
-        records = drive(client.state["query_url"], [(0.5 * capacity, low_s, "constant"),
-                                                    (1.5 * capacity, high_s, "constant")], seed=7)
-        f = figures(Run("oracle", "sweep", 0, records, low_s + high_s, []))
+        records = drive(client.state["query_url"], segments, seed=7)
+        f = figures(Run("oracle", "sweep", 0, records, sum(s for _, s, _ in segments), []))
         scores.append((f["within_half"], point, f))
-        print(f"    {point}: within SLO (degraded = 1/2) {f['within_half']:.3f}, refused {f['refused']:.2f}, "
-              f"degraded {f['degraded']:.2f}, P99 {f['p99_ms']:.0f} ms", flush=True)
+        print(f"    {profile:<8} {point}: within SLO (degraded = 1/2) {f['within_half']:.3f}, refused "
+              f"{f['refused']:.2f}, degraded {f['degraded']:.2f}, P99 {f['p99_ms']:.0f} ms", flush=True)
     best = max(scores, key=lambda s: s[0])
     return best[1], [{"point": p, **f} for _, p, f in scores]
 
@@ -200,9 +216,9 @@ def spread(values: list[float], fmt: str) -> str:
     return f"{format(med, fmt)} [{format(min(values), fmt)}–{format(max(values), fmt)}]"
 
 
-def table(results: list[dict]) -> str:
-    cols = [("s P99>SLO", "over_s", ".0f"), ("goodput q/s", "goodput_rps", ".1f"),
-            ("within SLO (deg. = ½)", "within_half", ".2f"), ("refused", "refused", ".2f"),
+def table(results: list[dict], oracles: dict) -> str:
+    cols = [("within SLO (deg. = ½)", "within_half", ".2f"), ("s P99>SLO", "over_s", ".0f"),
+            ("goodput q/s", "goodput_rps", ".1f"), ("refused", "refused", ".2f"),
             ("degraded", "degraded", ".2f"), ("errors", "errors", ".2f"), ("P50 ms", "p50_ms", ".0f"),
             ("P99 ms", "p99_ms", ".0f")]
     lines = ["| profile | arm | " + " | ".join(c[0] for c in cols) + " |",
@@ -211,8 +227,10 @@ def table(results: list[dict]) -> str:
         for arm in ARMS:
             rows = [r for r in results if r["profile"] == profile and r["arm"] == arm]
             if rows:
-                lines.append(f"| {profile} | {arm} | " + " | ".join(spread([r[k] for r in rows], f)
-                                                                    for _, k, f in cols) + " |")
+                o = oracles[profile]
+                name = f"oracle ({o['concurrency_limit']}, {o['degrade_ratio']:g})" if arm == "oracle" else arm
+                lines.append(f"| {profile} | {name} | " + " | ".join(spread([r[k] for r in rows], f)
+                                                                     for _, k, f in cols) + " |")
     return "\n".join(lines)
 
 
@@ -220,8 +238,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3, help="rounds of every arm on every profile (default 3)")
     ap.add_argument("--profiles", default=",".join(PROFILES), help="comma-separated: step, diurnal")
+    ap.add_argument("--cpu", action="store_true",
+                    help="the CPU model instead of the paced server, its capacity measured as the demo does")
     ap.add_argument("--capacity", type=float, default=None,
-                    help="queries/s taken as 1x (default: measured on a fresh stack, as the demo does)")
+                    help="queries/s taken as 1x (default: the paced server's, or with --cpu measured)")
     ap.add_argument("--quick", action="store_true", help="1 round of short phases and a 2-point sweep")
     ap.add_argument("--json", type=Path, default=None, help="write every round's figures and settings here")
     args = ap.parse_args(argv)
@@ -231,22 +251,28 @@ def main(argv=None) -> int:
     rounds = 1 if args.quick else args.rounds
     started, load_before = datetime.now(timezone.utc), os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="slotune-closed-loop-"))
+    inference_args = [] if args.cpu else ["--paced", PACE]
     print(f"==> calibration stack in {work}", flush=True)
-    cfg = launcher.StackConfig.on_free_ports(work / "calibration")
+    cfg = launcher.StackConfig.on_free_ports(work / "calibration", inference_args=inference_args)
     state = launcher.start(cfg)
+    oracles, swept = {}, {}
     try:
-        capacity = args.capacity or measure_capacity(state["query_url"])
-        print(f"    capacity {capacity:.1f} queries/s; sweeping the static settings", flush=True)
-        oracle, swept = sweep(StackClient(state), capacity, QUICK_GRID if args.quick else ORACLE_GRID, args.quick)
+        capacity = args.capacity or (measure_capacity(state["query_url"]) if args.cpu
+                                     else Pace.parse(PACE).capacity(BATCH, ANSWER_TOKENS))
+        print(f"    capacity {capacity:.1f} queries/s ({'measured' if args.cpu else 'paced'}); sweeping the "
+              f"static settings per profile", flush=True)
+        for profile in profiles:
+            oracles[profile], swept[profile] = sweep(StackClient(state), capacity,
+                                                     QUICK_GRID if args.quick else ORACLE_GRID, profile, args.quick)
     finally:
         launcher.stop(cfg.run_dir)
-    print(f"    oracle: {oracle}", flush=True)
+    print(f"    oracles: {oracles}", flush=True)
     results, runs = [], []
     for rnd, profile in itertools.product(range(rounds), profiles):
         order = ARMS[rnd % len(ARMS):] + ARMS[:rnd % len(ARMS)]      # each arm in each slot in turn
         for arm in order:
             t = time.monotonic()
-            run = run_arm(arm, profile, rnd, capacity, oracle, args.quick, work)
+            run = run_arm(arm, profile, rnd, capacity, oracles[profile], args.quick, work, inference_args)
             f = {"arm": arm, "profile": profile, "round": rnd, **figures(run)}
             results.append(f)
             runs.append({**f, "settings": run.trace})
@@ -257,11 +283,12 @@ def main(argv=None) -> int:
     load_after = os.getloadavg()
     command = "python -m bench.closed_loop " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"\nRun on {started:%Y-%m-%d %H:%M} UTC, `{command.strip()}`, {rounds} round(s), capacity "
-          f"{capacity:.1f} q/s, gateway SLO {GATEWAY_SLO_MS:.0f} ms; oracle {oracle}; load average "
-          f"{load_before[0]:.1f} before, {load_after[0]:.1f} after (2 CPUs)\n")
-    print(table(results))
+          f"{capacity:.1f} q/s ({'measured, CPU model' if args.cpu else 'paced ' + PACE}), gateway SLO "
+          f"{GATEWAY_SLO_MS:.0f} ms; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after "
+          f"({os.cpu_count()} CPUs)\n")
+    print(table(results, oracles))
     if args.json:
-        args.json.write_text(json.dumps({"capacity": capacity, "oracle": oracle, "sweep": swept, "runs": runs},
+        args.json.write_text(json.dumps({"capacity": capacity, "oracles": oracles, "sweep": swept, "runs": runs},
                                         indent=1))
         print(f"\nwrote {args.json}")
     return 0
