@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from daemon.attribution import explain as attribution
+from daemon.attribution import spans
 from daemon.attribution.explain import explain
 from daemon.model.sample import Sample
 from daemon.model.histogram import BucketHistogram, Histogram
@@ -336,11 +337,11 @@ def test_the_kernel_timing_is_read_only_where_it_saw_the_services_requests():
         w.histograms[("http_request", "")] = Histogram.from_values([14e6] * n)
         return w
     scraped = kernel_saw(1)                  # one /metrics scrape a second
-    assert attribution.timing_source([scraped, scraped]) == "service"
-    assert attribution.request_timing(scraped, "service") is scraped.latency
-    assert attribution.timing_source([kernel_saw(90), scraped]) == "service"    # 91 of 200
+    assert spans.timing_source([scraped, scraped]) == "service"
+    assert spans.request_timing(scraped, "service") is scraped.latency
+    assert spans.timing_source([kernel_saw(90), scraped]) == "service"    # 91 of 200
     # A map read and a scrape split the seconds differently: counted over the windows.
-    assert attribution.timing_source([kernel_saw(70), kernel_saw(125)]) == "ebpf"
+    assert spans.timing_source([kernel_saw(70), kernel_saw(125)]) == "ebpf"
 
 
 def test_a_shift_downstream_is_read_as_the_callees_own_p50_shift():

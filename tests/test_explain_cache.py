@@ -15,7 +15,7 @@ import weakref
 
 import numpy as np
 
-from daemon.attribution import explain
+from daemon.attribution import spans
 from daemon.attribution.explain import explain_all
 from daemon.model.columns import History
 from daemon.model.histogram import BucketHistogram, Histogram
@@ -113,19 +113,19 @@ def test_the_timed_column_reads_only_the_windows_added_since(monkeypatch):
     rng = random.Random(5)
     ws = [window(rng, "tools", float(t)) for t in range(40)]
     reads = []
-    real = explain._timed
-    monkeypatch.setattr(explain, "_timed", lambda w, source: reads.append(w) or real(w, source))
+    real = spans.timed
+    monkeypatch.setattr(spans, "timed", lambda w, source: reads.append(w) or real(w, source))
 
     def counted(horizon) -> tuple[str, int, int]:
         reads.clear()
-        source = explain.timing_source(horizon)
+        source = spans.timing_source(horizon)
         kernel, own = (sum(real(w, s) for w in horizon) for s in ("ebpf", "service"))
         return source, len(reads), kernel + own
 
     assert counted(ws[:30])[1] == 60
     source, read, total = counted(ws[2:32])
-    assert read == 4 and source == explain.timing_source(fresh(ws[2:32]))
-    assert sum(explain._timed_column(ws[2:32], "ebpf")) + sum(explain._timed_column(ws[2:32], "service")) == total
+    assert read == 4 and source == spans.timing_source(fresh(ws[2:32]))
+    assert sum(spans.timed_column(ws[2:32], "ebpf")) + sum(spans.timed_column(ws[2:32], "service")) == total
     replaced = ws[4:30] + fresh(ws[30:31]) + ws[31:34]      # the kept column is found, on ws[31]
     assert counted(replaced)[1] == 2 * len(replaced)
 

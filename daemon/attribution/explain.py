@@ -20,7 +20,7 @@ tail is):
   per-request costs measured by the kernel account for it (see _moves).
   excess = P99(recent) - P50(baseline), the whole tail, is reported beside it.
 - every cause is read as seconds a tail request gains from it
-  (daemon/attribution_causes.py); a downstream service as its own P99 or P50,
+  (daemon/attribution/causes.py); a downstream service as its own P99 or P50,
   whichever moved here; a cause is credited with its rise beyond its own usual
   band (median + 2 robust deviations over the baseline spans; for a downstream
   service, its growth beyond its noise band). The growth is split in
@@ -51,18 +51,18 @@ import math
 import operator
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from itertools import compress, groupby
+from itertools import compress
 from typing import Mapping, Sequence
 
 import numpy as np
 from scipy.optimize import nnls
 
 from daemon.attribution import causes
-from daemon.model.columns import column, continued, handed
-from daemon.model.histogram import add_into
-from daemon.model.window import EBPF_ARRIVED, EBPF_LATENCY, Window, merged_latency, merged_tokens
+from daemon.attribution.spans import (TOKENS, Stats, baseline_spans, ended, jitter_rows, stats,
+                                      timed, timed_column, timing_source)
+from daemon.model.columns import column
+from daemon.model.window import Window
 
-TOKENS = {"ttft": "TTFT", "tpot": "TPOT"}   # the token timings explained beside the latency, as users name them
 
 DOMINANT_SHARE = 0.2     # a cause above this share of the growth is named
 TAIL_GAIN = 10.0         # most the tail may exceed the sum of the causes' mean rises: behind a
@@ -74,7 +74,6 @@ CORROBORATION = 0.5      # rises covering this much of a growth halve the band i
 MIN_BASELINE_SPANS = 5
 RECENT_S = 2.0           # the span judged: two collection windows at the default 1 s
 HORIZON_S = 300.0        # look-back: a fault stays named until it fills half of it
-SAME_REQUESTS = 0.8       # the kernel's request count within this of the service's own: same requests
 BASELINE_SPANS = 60      # the calm spans the baseline is summarised from, latest first
 LOAD_RISE = 0.2          # requests coming this much above the baseline's usual rate are more load
 QUEUES = ("batch_queue_wait",)   # the queueing more load explains
@@ -138,177 +137,17 @@ def _finite(v: float) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def merge(windows: Sequence[Window]) -> Window:
-    """One Window spanning several: histograms and counters summed, gauges averaged
-    (a span of one window is that window)."""
-    if len(windows) == 1:
-        return windows[0]
-    first, last = windows[0], windows[-1]
-    histograms: dict = {}
-    counters: dict = {}
-    gauges: dict = {}
-    for w in windows:
-        for key, h in w.histograms.items():
-            add_into(histograms, key, h)
-        for key, v in w.counters.items():
-            counters[key] = counters.get(key, 0.0) + v
-        for key, v in w.gauges.items():
-            gauges.setdefault(key, []).append(v)
-    return Window(first.service, first.start, last.end, last.slo_p99_s, latency=merged_latency(list(windows)),
-                  latency_source=last.latency_source, errors=sum(w.errors for w in windows),
-                  rejected=sum(w.rejected for w in windows), histograms=histograms, counters=counters,
-                  gauges={k: sum(v) / len(v) for k, v in gauges.items()}, slo_ttft_s=last.slo_ttft_s,
-                  slo_tpot_s=last.slo_tpot_s, ttft=merged_tokens(list(windows), "ttft"),
-                  tpot=merged_tokens(list(windows), "tpot"))
-
-
-def timing_source(windows: Sequence[Window]) -> str:
-    """Which request timing attribution reads over these windows: the kernel's
-    ("ebpf") where it timed the service's requests, whose log-linear buckets
-    resolve ±4.5 % at any latency, else the service's own ("service"; Prometheus'
-    default buckets put 10–25 ms in one bucket, where every request slowed by
-    4 ms leaves the interpolated P50 and P99 where they were). The kernel must
-    have seen about as many requests as the service counted, not only its
-    metrics scrapes (a TLS service's requests are encrypted, its /metrics is not);
-    counted over all the windows, as a scrape and a map read never split one
-    second the same way."""
-    kernel = sum(_timed_column(windows, "ebpf"))
-    own = sum(_timed_column(windows, "service"))
-    return "ebpf" if kernel and kernel >= SAME_REQUESTS * own else "service"
-
-
-def request_timing(w: Window, source: str):
-    """The window's request-timing histogram from `source` (or its "ttft" or "tpot"), or None."""
-    if source in TOKENS:
-        return getattr(w, source)
-    if source == "ebpf":
-        return w.histograms.get(EBPF_LATENCY)
-    return w.latency if w.latency_source == source else None
-
-
-@dataclass
-class _Stats:
-    """What attribution reads from one span: its median, its P99, every cause and
-    the requests that arrived per second (_arrivals)."""
-    p50: float
-    p99: float
-    readings: dict[str, causes.Reading]
-    offered_rps: float = 0.0
-
-
-# What attribution works out of a window is kept in its Window.derived (a Window never
-# changes once built): (id of a span's last window, windows, source) -> that span's _Stats,
-# where the window is the span's first (windows leave the history oldest first, so its last
-# lives as long); ("timed", source) -> requests timed; "ended" -> when it ended and its P99;
-# ("jitter rows", source) -> the _JitterRows of the horizon it was the newest window of;
-# ("timed column", source), "ended column" -> the windows it was the newest of and each
-# one's requests timed, or _ended; ("spans", source, span_s) -> the baseline's chunks and
-# their _Stats, when it was the last window before the recent span.
-
-
-def _timed(w: Window, source: str) -> int:
-    """How many requests the window's timing from `source` holds (0 without one)."""
-    try:
-        return w.derived[("timed", source)]
-    except KeyError:
-        h = request_timing(w, source)
-        w.derived[("timed", source)] = count = h.count if h is not None else 0
-        return count
-
-
-def _timed_column(ws: Sequence[Window], source: str) -> list[int]:
-    """_timed of each of ws."""
-    return column(ws, ("timed column", source), lambda w: _timed(w, source))
-
-
-def _ended(w: Window) -> tuple[float, float | None]:
-    """When the window ended, to the ms (how two services' windows are matched), and its
-    latency's P99 (None when it answered nothing)."""
-    known = w.derived
-    if "ended" not in known:
-        known["ended"] = (round(w.end, 3), w.p(0.99) if w.requests else None)
-    return known["ended"]
-
-
-def _arrivals(w: Window, source: str) -> float:
-    """Requests that came in the window. Read from the kernel's request timing ("ebpf"),
-    those it saw read, answered or not yet: a stalled server's load counts as it comes,
-    and a backlog answered at once is no surge. Else those answered and refused."""
-    return w.counters.get(EBPF_ARRIVED, 0.0) if source == "ebpf" else w.requests + w.rejected
-
-
-def _stats(ws: Sequence[Window], source: str) -> _Stats:
-    """_Stats of windows merged; remembered while the windows live."""
-    known = ws[0].derived
-    key = (id(ws[-1]), len(ws), source)
-    if key in known:
-        return known[key]
-    span = merge(ws)
-    timing = request_timing(span, source)
-    p50, p99 = timing.quantiles((0.5, 0.99)) if timing is not None else (math.nan, math.nan)
-    value = _Stats(p50, p99, causes.read_all(span, source if source in TOKENS else "latency"),
-                   _arrivals(span, source) / span.seconds)
-    known[key] = value
-    return value
-
-
 @dataclass
 class _Split:
     """A service's windows cut into a recent span and a baseline of spans as long."""
-    recent: _Stats
-    baseline: list[_Stats]       # calm spans of recent_s each, oldest first
+    recent: Stats
+    baseline: list[Stats]       # calm spans of recent_s each, oldest first
     windows: list[Window]        # the horizon, with requests, oldest first
     source: str                  # the request timing read (timing_source)
     p50: float                   # baseline medians over its spans
     p99: float
     sigma_s: float               # robust spread of the spans' P99
     p50_sigma_s: float           # and of their P50
-
-
-def _chunks(windows: list[Window], span_s: float) -> list[list[Window]]:
-    """Consecutive windows grouped by end time into spans of span_s (stable from one call to the next)."""
-    return [list(span) for _, span in groupby(windows, lambda w: math.floor(w.end / span_s))]
-
-
-def _spans(older: list[Window], source: str, span_s: float) -> list[_Stats]:
-    """_stats of each of older's _chunks. The chunks are kept with older's last window and
-    handed to the next call (its older windows are these, less some at the front, and
-    more at the back), which looks up again only the spans whose windows changed."""
-    if not older:
-        return []
-    key = ("spans", source, span_s)
-    kept = handed(older, key)
-    chunks = _follow_chunks(kept[0], older, span_s) if kept else None
-    if chunks is None:
-        chunks = _chunks(older, span_s)
-        stats = [_stats(c, source) for c in chunks]
-    else:   # a chunk kept as it was is the same list (alive in `kept`: its id is its own)
-        known = {id(c): st for c, st in zip(*kept)}
-        stats = [known.get(id(c)) or _stats(c, source) for c in chunks]
-    older[-1].derived[key] = (chunks, stats)
-    return stats
-
-
-def _follow_chunks(kept: list[list[Window]], older: list[Window], span_s: float) -> list[list[Window]] | None:
-    """older's _chunks from the chunks of an earlier older (None: older does not continue it).
-    Chunks whose windows are unchanged are the same list objects."""
-    flat = [w for c in kept for w in c]
-    last = next((i for i in range(len(older) - 1, -1, -1) if older[i] is flat[-1]), None)
-    if last is None or last + 1 > len(flat) or not all(map(operator.is_, flat[len(flat) - last - 1:],
-                                                              older[:last + 1])):
-        return None
-    gone = len(flat) - last - 1                  # windows that left at the front
-    chunks = list(kept)
-    while chunks and gone >= len(chunks[0]):
-        gone -= len(chunks.pop(0))
-    if gone:
-        chunks[0] = chunks[0][gone:]
-    for w in older[last + 1:]:
-        if chunks and math.floor(chunks[-1][0].end / span_s) == math.floor(w.end / span_s):
-            chunks[-1] = chunks[-1] + [w]
-        else:
-            chunks.append([w])
-    return chunks
 
 
 def _split(windows: Sequence[Window], now: float, recent_s: float, horizon_s: float,
@@ -320,10 +159,10 @@ def _split(windows: Sequence[Window], now: float, recent_s: float, horizon_s: fl
     source: "ttft" or "tpot" to split those, else the request timing's."""
     horizon = _ending_in(windows, now - horizon_s, now)
     source = source or timing_source(horizon)
-    live = list(compress(horizon, _timed_column(horizon, source)))
+    live = list(compress(horizon, timed_column(horizon, source)))
     cut = bisect_right(live, now - recent_s, key=operator.attrgetter("end"))
     recent, older = live[cut:], live[:cut]
-    spans = _spans(older, source, recent_s)
+    spans = baseline_spans(older, source, recent_s)
     if not recent or len(spans) < MIN_BASELINE_SPANS:
         return None
     p50, p99 = np.array([s.p50 for s in spans]), np.array([s.p99 for s in spans])
@@ -332,7 +171,7 @@ def _split(windows: Sequence[Window], now: float, recent_s: float, horizon_s: fl
         return v <= _median(v) + 3 * _robust_sd(v) + NOISE_FLOOR_S
     calm = [s for s, ok in zip(spans, usual(p50) & usual(p99)) if ok][-BASELINE_SPANS:]
     calm_p50, calm_p99 = np.array([s.p50 for s in calm]), np.array([s.p99 for s in calm])
-    return _Split(_stats(recent, source), calm, live, source, _median(calm_p50),
+    return _Split(stats(recent, source), calm, live, source, _median(calm_p50),
                   _median(calm_p99), _robust_sd(calm_p99), _robust_sd(calm_p50))
 
 
@@ -389,7 +228,7 @@ def _downstream_rises(downstream: Mapping[str, "Explanation"], moved: str) -> di
 
 def _offered_load(split: _Split, evidence: dict[str, dict], attributable: float) -> dict[str, dict]:
     """More load as a cause of its own, the commonest cause of a tail: requests arriving
-    per second (_arrivals: read, as the kernel saw them; else answered and
+    per second (spans._arrivals: read, as the kernel saw them; else answered and
     refused) beyond the baseline spans' usual rate (median + 2 robust deviations) and
     LOAD_RISE above their median. The service's queueing rise
     is then the load's doing (requests queued because more came, not because a setting
@@ -451,87 +290,17 @@ def _credit(growth: float, rises: dict[str, float]) -> dict[str, float]:
     return {c: r * scale for c, r in rises.items()}
 
 
-class _JitterRows:
-    """The jitter regression's rows over a run of windows, oldest first: each window's P99
-    and cause readings (0.0 where it has none), the columns in the order the causes first
-    appear. Kept with the run's newest window (Window.derived) and handed on to the next
-    one's call, which drops the windows gone from the horizon and reads only the new ones."""
-
-    def __init__(self, source: str):
-        self.source = source
-        self.windows: list[Window] = []
-        self.p99: list[float] = []
-        self.named: list[tuple[str, ...]] = []          # each window's causes, as its readings list them
-        self.columns: dict[str, list[float]] = {}       # cause -> its reading in each window
-        self.read_in: dict[str, int] = {}               # cause -> how many of the windows read it
-
-    def follow(self, ws: Sequence[Window]) -> bool:
-        """Become the rows of ws, if ws continues the windows held (False: start afresh)."""
-        first = continued(self.windows, ws)
-        if first is None:
-            return False
-        held = len(self.windows) - first
-        for names in self.named[:first]:
-            for cause in names:
-                self.read_in[cause] -= 1
-                if not self.read_in[cause]:
-                    del self.read_in[cause], self.columns[cause]
-        for rows in (self.windows, self.p99, self.named, *self.columns.values()):
-            del rows[:first]
-        for w in ws[held:]:
-            self.add(w)
-        return True
-
-    def add(self, w: Window) -> None:
-        stats, n = _stats([w], self.source), len(self.windows)
-        for values in self.columns.values():
-            values.append(0.0)
-        for cause, r in stats.readings.items():
-            if cause not in self.columns:
-                self.columns[cause] = [0.0] * (n + 1)
-            self.columns[cause][n] = r.value_s
-            self.read_in[cause] = self.read_in.get(cause, 0) + 1
-        self.windows.append(w)
-        self.p99.append(stats.p99)
-        self.named.append(tuple(stats.readings))
-
-    def in_order(self) -> dict[str, list[float]]:
-        """The columns, each cause where a window first names it."""
-        order: dict[str, list[float]] = {}
-        for names in self.named:
-            if len(order) == len(self.columns):
-                break
-            for cause in names:
-                if cause not in order:
-                    order[cause] = self.columns[cause]
-        return order
-
-
-def _jitter_rows(ws: Sequence[Window], source: str) -> _JitterRows:
-    """The rows of ws, from those kept with one of its ROWS_KEPT newest windows (the last
-    call's newest: the daemon explains every RECENT_S), else read afresh."""
-    key = ("jitter rows", source)
-    rows = handed(ws, key)
-    if rows is None or not rows.follow(ws):
-        rows = _JitterRows(source)
-        for w in ws:
-            rows.add(w)
-    if ws:
-        ws[-1].derived[key] = rows
-    return rows
-
-
 def _jitter(split: _Split, downstream_windows: Mapping[str, Sequence[Window]]) -> tuple[float, dict[str, float]]:
     ws = split.windows
-    rows = _jitter_rows(ws, split.source)
+    rows = jitter_rows(ws, split.source)
     y = np.array(rows.p99)
     if len(ws) < 3 or not np.all(np.isfinite(y)) or y.std() == 0:
         return (float(y.std()) if len(ws) and np.all(np.isfinite(y)) else 0.0), {}
     columns = rows.in_order()
     for name, dws in downstream_windows.items():
         near = _ending_in(dws, ws[0].end - 0.001, ws[-1].end + 0.001)   # all that round to ws' ends
-        by_end = dict(ended for ended in column(near, "ended column", _ended) if ended[1] is not None)
-        columns[f"downstream:{name}"] = [by_end.get(end, math.nan) for end, _ in column(ws, "ended column", _ended)]
+        by_end = dict(ended for ended in column(near, "ended column", ended) if ended[1] is not None)
+        columns[f"downstream:{name}"] = [by_end.get(end, math.nan) for end, _ in column(ws, "ended column", ended)]
     table = np.array(list(columns.values()), dtype=float).reshape(len(columns), len(ws))   # a row per cause
     varies = np.isfinite(table).all(axis=1)
     varies[varies] = table[varies].std(axis=1) > 0
@@ -610,18 +379,18 @@ class _Explainer:
         """No explanation yet: too few windows with requests, or none lately (a server whose
         running batch admits nobody gives no first token however many wait)."""
         name = f"{service}{' ' + what if what else ''}"
-        timed = [w for w in _ending_in(windows, self.now - self.horizon_s, math.inf)
-                 if (_timed(w, what.lower()) if what else w.requests)]
+        answered = [w for w in _ending_in(windows, self.now - self.horizon_s, math.inf)
+                    if (timed(w, what.lower()) if what else w.requests)]
         talking = [w for w in windows if any(sig == "tcp_rtt" and h.count for (sig, _), h in w.histograms.items())]
-        if not what and not timed and len(talking) > MIN_BASELINE_SPANS:
+        if not what and not answered and len(talking) > MIN_BASELINE_SPANS:
             return Explanation(service, f"{name}: {len(talking)} windows with TCP traffic but no request timed: its "
                                         f"protocol is none the http family times (HTTP/1), and its own metrics give "
                                         f"no latency", what=what)
-        if timed and timed[-1].end <= self.now - self.recent_s and len(timed) > MIN_BASELINE_SPANS:
+        if answered and answered[-1].end <= self.now - self.recent_s and len(answered) > MIN_BASELINE_SPANS:
             queued = causes.waiting(windows[-1])
             return Explanation(service, f"{name}: no request timed in the last {self.recent_s:g} s"
                                         + (f" ({queued:.0f} waiting)" if queued else ""), what=what)
-        return Explanation(service, f"{name}: warming up: {len(timed)} window(s) with requests, needs "
+        return Explanation(service, f"{name}: warming up: {len(answered)} window(s) with requests, needs "
                                     f"{MIN_BASELINE_SPANS} spans of {self.recent_s:g} s before the last one", what=what)
 
     def _attribute(self, service: str, what: str, split: _Split, below: dict[str, Explanation]) -> Explanation:
