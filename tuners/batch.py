@@ -152,12 +152,12 @@ def p99_factor(cv2: float) -> float:
 def _slotune_decide(state: FitState, obs: Observation):
     f = FORGET
     n, sb, st, sbb, sbt = (state.n * f, state.sb * f, state.st * f, state.sbb * f, state.sbt * f)
-    for size, count, mean in obs.batches:
+    for ran, count, mean in obs.batches:       # ran: that group's batch size
         n += count
-        sb += count * size
+        sb += count * ran
         st += count * mean
-        sbb += count * size * size
-        sbt += count * size * mean
+        sbb += count * ran * ran
+        sbt += count * ran * mean
     nxt = replace(state, n=n, sb=sb, st=st, sbb=sbb, sbt=sbt)
     model = fit_latency(nxt)
     if model is None:  # explore: one bigger size teaches the slope

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from daemon.model import labels
-from daemon.model.histogram import add_into, merged
+from daemon.model.histogram import BucketHistogram, Histogram, add_into, merged
 from daemon.model.window import Window
 
 # Syscall classes (bpf/offcpu.bpf.c) that stall the thread that makes them:
@@ -134,7 +134,7 @@ def gpu_saturation(span: Window, median_s: float | None = None, of: str = "laten
 
 def tool_readings(span: Window) -> dict[str, Reading]:
     """P99 of each tool call as the caller times it, from <caller>_tool_duration_seconds{tool=NAME}."""
-    by_tool: dict[str, object] = {}
+    by_tool: dict[str, Histogram | BucketHistogram] = {}
     for (fam, label), h in span.histograms.items():
         if fam.endswith("_tool_duration_seconds") and (tool := labels.value(label, "tool")):
             add_into(by_tool, tool, h)

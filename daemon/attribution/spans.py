@@ -10,7 +10,7 @@ import math
 import operator
 from dataclasses import dataclass
 from itertools import groupby
-from typing import Sequence
+from typing import Any, Sequence
 
 from daemon.attribution import causes
 from daemon.model.columns import column, continued, handed
@@ -207,8 +207,9 @@ class JitterRows:
                 self.read_in[cause] -= 1
                 if not self.read_in[cause]:
                     del self.read_in[cause], self.columns[cause]
-        for rows in (self.windows, self.p99, self.named, *self.columns.values()):
-            del rows[:first]
+        rows: list[list[Any]] = [self.windows, self.p99, self.named, *self.columns.values()]
+        for row in rows:
+            del row[:first]
         for w in ws[held:]:
             self.add(w)
         return True

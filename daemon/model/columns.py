@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import operator
 from collections import deque
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from daemon.model.window import Window
 
 ROWS_KEPT = 4            # windows back a call looks for what the last call kept
 
 
-def handed(ws: Sequence[Window], key) -> object:
+def handed(ws: Sequence[Window], key) -> Any:
     """What the last call kept under key with its newest window, one of ws' ROWS_KEPT
     newest, taken off it; None where there is none."""
     return next((w.derived.pop(key) for w in ws[-1:-1 - ROWS_KEPT:-1] if key in w.derived), None)

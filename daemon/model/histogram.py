@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -287,7 +287,7 @@ class BucketHistogram:
 def merged(parts: Iterable[Histogram | BucketHistogram]) -> Histogram | BucketHistogram | None:
     """Histograms of one kind added together (their series, windows or labels summed away);
     None when there are none."""
-    out = None
+    out: Any = None     # a Histogram's plus takes a Histogram, a BucketHistogram's a BucketHistogram
     for h in parts:
         out = h if out is None else out.plus(h)
     return out
