@@ -44,7 +44,7 @@ class Bulkheads:
         self._health: dict[tuple[str, str], _Health] = {}
         self._lock = threading.Lock()
 
-    def run(self, service: str, stage: str, fn: Callable[[], T], default: T = None) -> T:
+    def run(self, service: str, stage: str, fn: Callable[[], T], default: T | None = None) -> T | None:
         """fn() for service's stage; default when it raises, or while the stage is backed off."""
         with self._lock:
             h = self._health.setdefault((service, stage), _Health())

@@ -18,6 +18,7 @@ import io
 import select
 import threading
 import time
+from typing import Any
 from urllib.parse import urlsplit
 
 KEPT_IDLE_S = 30.0      # a kept connection unused this long is closed
@@ -39,7 +40,7 @@ def exchange(url: str, method: str = "GET", body: bytes | None = None, headers: 
     TooLarge over max_bytes, OSError when it cannot connect."""
     deadline = time.monotonic() + timeout_s
     parts = urlsplit(url)
-    place = (parts.scheme, parts.hostname, parts.port)
+    place: Place = (parts.scheme, parts.hostname or "", parts.port)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     conn = _take(place, deadline) if method == "GET" else None
     if conn is not None:
@@ -148,8 +149,10 @@ class _DeadlineSocket:
         return getattr(self.sock, name)
 
 
-class _Deadline:
-    """An http.client connection (which follows no redirect and reads no proxy settings) on a deadline."""
+class _Deadline(http.client.HTTPConnection):
+    """An http.client connection (which follows no redirect and reads no proxy settings) on a deadline;
+    _HTTPS puts it before HTTPSConnection, whose connect() its own calls."""
+    sock: Any     # a _DeadlineSocket once connected
 
     def __init__(self, *args, deadline: float, **kwargs):
         super().__init__(*args, **kwargs)
@@ -165,7 +168,7 @@ class _Deadline:
         self.sock.settimeout(max(deadline - time.monotonic(), 1e-3))
 
 
-class _HTTP(_Deadline, http.client.HTTPConnection):
+class _HTTP(_Deadline):
     pass
 
 

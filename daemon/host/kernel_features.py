@@ -183,7 +183,8 @@ def check_memlock() -> Finding:
     """RLIMIT_MEMLOCK only matters before 5.11 (memcg accounting); never fatal."""
     import resource
     soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    major, minor = (int(x) for x in re.match(r"(\d+)\.(\d+)", platform.release()).groups())
+    found = re.match(r"(\d+)\.(\d+)", platform.release())
+    major, minor = (int(x) for x in found.groups()) if found else (0, 0)
     if (major, minor) >= (5, 11) or soft == resource.RLIM_INFINITY:
         return Finding("BPF memory", True, "kernel >= 5.11 charges BPF maps to the cgroup; RLIMIT_MEMLOCK irrelevant")
     return Finding("BPF memory", False, f"RLIMIT_MEMLOCK {soft} bytes on a pre-5.11 kernel",

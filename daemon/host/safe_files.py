@@ -57,6 +57,7 @@ def open_no_links(path: str, flags: int) -> int:
 
 def _openat2(path: str, flags: int) -> int:
     how = _OpenHow(flags, 0, RESOLVE_NO_SYMLINKS)
+    assert OPENAT2 is not None     # open_no_links calls it only where the syscall has a number
     fd = _libc.syscall(ctypes.c_long(OPENAT2), ctypes.c_int(AT_FDCWD), os.fsencode(path), ctypes.byref(how),
                        ctypes.c_size_t(ctypes.sizeof(how)))
     if fd < 0:

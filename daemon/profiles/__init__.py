@@ -166,7 +166,9 @@ class Profile:
     def signals_of(self, hists: dict, counters: dict, gauges: dict) -> tuple[dict, dict, dict]:
         """One interval's deltas of the service's own series -> its signals, keyed
         (family_of(signal), labels). Series of no signal are dropped."""
-        out_h, out_c, out_g = {}, {}, {}
+        out_h: dict = {}
+        out_c: dict = {}
+        out_g: dict = {}
         for signal, r in self.signals.items():
             fam = self.family_of(signal)
             if isinstance(r, Suffix):

@@ -113,31 +113,31 @@ class AuditLog:
     def write_all(self, entries: list[Entry]) -> None:
         """Append the entries whole or not at all: one write, fsynced; AuditError when that fails."""
         if self.fd is not None and entries:
-            self._append_whole("".join(json.dumps(asdict(e)) + "\n" for e in entries).encode())
+            self._append_whole(self.fd, "".join(json.dumps(asdict(e)) + "\n" for e in entries).encode())
         for e in entries:
             self.recent.append(e)
             log.info("decision %s", e.line())
 
-    def _append_whole(self, data: bytes) -> None:
+    def _append_whole(self, fd: int, data: bytes) -> None:
         """One write and an fsync; on a short write (disk full, file-size limit) or a failed fsync
         the bytes it wrote are cut off again, so no reader ever sees part of a line."""
         written = 0
         try:
-            written = os.write(self.fd, data)
+            written = os.write(fd, data)
             if written != len(data):
                 raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes)")
-            os.fsync(self.fd)
+            os.fsync(fd)
         except OSError as exc:
-            left = self._take_back(written)
+            left = self._take_back(fd, written)
             raise AuditError(f"audit log {self.path} cannot be written ({exc.strerror or exc}){left}; "
                              "free space there or set daemon.audit_log to a writable path") from None
 
-    def _take_back(self, written: int) -> str:
+    def _take_back(self, fd: int, written: int) -> str:
         """Cut the last `written` bytes (this write's, appended at the end); what is left, in words."""
         if not written:
             return ""
         try:
-            os.ftruncate(self.fd, os.fstat(self.fd).st_size - written)
+            os.ftruncate(fd, os.fstat(fd).st_size - written)
             return ""
         except OSError as exc:
             return f" and the {written} bytes written could not be cut off again ({exc.strerror})"

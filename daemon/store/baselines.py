@@ -8,6 +8,7 @@ or not holding the layout) is moved aside, never deleted, and a fresh store
 starts; a store that is merely locked is not corrupt."""
 from __future__ import annotations
 
+import builtins
 import logging
 import math
 import sqlite3
@@ -54,7 +55,7 @@ class UnknownBaseline(LookupError):
 
 
 class Summary(NamedTuple):
-    count: int
+    count: int  # type: ignore[assignment]  # a field named count, over tuple.count()
     mean: float
     std: float  # sample standard deviation (0 for a single point)
     p50: float
@@ -69,7 +70,7 @@ class SeriesInfo(NamedTuple):
     metric: str
     environment: str
     deploy_id: str
-    count: int
+    count: int  # type: ignore[assignment]  # a field named count, over tuple.count()
     first_t: float
     last_t: float
 
@@ -78,7 +79,7 @@ class DeployInfo(NamedTuple):
     deploy_id: str
     first_t: float
     last_t: float
-    count: int  # points over all metrics of the deploy
+    count: int  # type: ignore[assignment]  # points over all metrics of the deploy (over tuple.count())
 
 
 class MetricDiff(NamedTuple):
@@ -225,8 +226,10 @@ class BaselineStore:
                                "AND deploy_id=?", key).fetchone()
         if row:
             return row[0]
-        return self._db.execute("INSERT INTO series (service, metric, environment, deploy_id) "
+        made = self._db.execute("INSERT INTO series (service, metric, environment, deploy_id) "
                                 "VALUES (?, ?, ?, ?)", key).lastrowid
+        assert made is not None          # an INSERT's row always has one
+        return made
 
     def record(self, service: str, metric: str, value: float, t: float, environment: str,
                deploy_id: str) -> None:
@@ -295,8 +298,8 @@ class BaselineStore:
         for this service in this environment (and this metric, and this deploy)."""
         series = [s for s in self.list() if s.service == service and s.environment == environment]
         if not series:
-            known = sorted({(s.service, s.environment) for s in self.list()})
-            listed = ", ".join(f"{s} ({e})" for s, e in known) or "none: the store is empty"
+            pairs = sorted({(s.service, s.environment) for s in self.list()})
+            listed = ", ".join(f"{s} ({e})" for s, e in pairs) or "none: the store is empty"
             raise UnknownBaseline(f"no baseline for service {service!r} in environment {environment!r} "
                                   f"in {self.path}; known services (environment): {listed}")
         for what, value, known in (("metric", metric, sorted({s.metric for s in series})),
@@ -306,7 +309,7 @@ class BaselineStore:
                                       f"{environment!r} in {self.path}; known {what}s: {', '.join(known)}")
 
     def diff(self, service: str, environment: str, deploy_a: str, deploy_b: str,
-             metrics: Iterable[str] | None = None) -> list[MetricDiff]:
+             metrics: Iterable[str] | None = None) -> builtins.list[MetricDiff]:   # list: the method above
         """Per metric: both summaries, the relative change of mean and p99 from a to b,
         and the two-sample KS test of their points. Metrics default to those of either deploy."""
         from scipy import stats  # 0.9 s to import: only when a diff is asked for

@@ -69,7 +69,7 @@ class BaselineRecorder:
         if now - self.last_t < RECORD_EVERY_S:
             return
         self.last_t = now
-        rows = []
+        rows: list = []
         for service in services:
             rows += guard(service, lambda service=service: self._rows(interval, service, now)) or []
         if rows:
