@@ -37,7 +37,11 @@ def make_daemon(double, work, store_dir=None) -> Daemon:
         text = text.replace(f'"{work}/baselines.sqlite"', f'"{store_dir}/baselines.sqlite"')
     (work / "slotune.toml").write_text(text)
     cfg = config.load(work / "slotune.toml")
-    metrics = ServiceMetricsCollector()
+    # The subject is the store: each step waits for its read of the double, up to 30 s. With the
+    # daemon's 0.8 s, one read beside stress-ng --cpu 2 took longer, and the back-off after it
+    # skipped the steps that were to write into the full disk (0 errors counted of 30).
+    metrics = ServiceMetricsCollector(timeout_s=30.0)
+    metrics.read_wait_s = 30.0
     metrics.start([s.spec for s in cfg.services])     # Daemon.start() would also serve HTTP
     return Daemon(cfg, collectors=[metrics])
 
