@@ -181,6 +181,9 @@ class SlotuneState:
     cutting: bool = False        # the last window cut the full rate
 
 
+FULL_CAP = 0.9       # the share of what full answers alone carried busy that the dimmer lets through full
+
+
 def _slotune_init(settings):
     return SlotuneState(_ratio(settings))
 
@@ -222,9 +225,15 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
     else:
         full = state.full_rps
         why = f"queue P99 {queue * 1e3:.0f} ms within {budget * 1e3:.0f} ms"
+    if full > FULL_CAP * obs.verdict.full_rps:
+        # never more full answers than they alone carried busy, less what the degraded ones take:
+        # past that, growing only builds a queue the window's P99 shows seconds late
+        full = FULL_CAP * obs.verdict.full_rps
+        why += f", at most {FULL_CAP:g} of the {obs.verdict.full_rps:.0f}/s full answers alone carried busy"
     offered = max(obs.arrival_rps, obs.completed_rps)
     ratio = clamp(1.0 - full / offered, 0.0, 1.0) if math.isfinite(full) else 0.0
-    if ratio > 0 and offered <= obs.verdict.full_rps:   # capacity unused: a queue of bad luck, not of load
+    if ratio > 0 and state.ratio == 0 and offered <= obs.verdict.full_rps:
+        # a queue of bad luck, not of load: degrading starts only past what full answers carried busy
         ratio, why = 0.0, f"{why}; but {offered:.0f} queries/s offered is within the {obs.verdict.full_rps:.0f} " \
                           f"full answers/s it carried busy: nothing degraded"
     if ratio > 0 and state.ratio == 0:

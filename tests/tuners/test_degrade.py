@@ -12,7 +12,7 @@ P = degrade.POLICIES
 START = {"degrade_ratio": 0.0}
 
 
-PAYS = degrade.Verdict(True, 50.0, 60.0, "degrading, it carried 60 worth/s; busy with full answers alone, 50/s")
+PAYS = degrade.Verdict(True, 125.0, 150.0, "degrading, it carried 150 worth/s; busy with full answers alone, 125/s")
 
 
 def obs(p99=0.5, slo=1.0, arrival=100.0, completed=100.0, degraded=0.0, refused=0.0, queue=None, now=1.0,
@@ -45,6 +45,20 @@ def test_degrading_pays_when_it_carries_more_worth_than_full_answers_alone():
     # refusing with its queue over budget all the same, it carried all it could: counted (90 - 30 = 60)
     v = degrade.verdict(busy(3, 100.0) + busy(8, 90.0, 60.0, refused=True, over=True), 0.5)
     assert (v.pays, v.worth_rps) == (False, 60.0)
+
+
+def test_slotune_lets_through_at_most_nine_tenths_of_what_full_answers_alone_carried_busy():
+    # 50 full answers/s carried busy: growing from 60, the full rate stops at 45 (issue 43's e2e
+    # step overshot capacity by growing x1.1 a tick while the queue's P99 lagged)
+    carried = degrade.Verdict(True, 50.0, 60.0, "degrading, it carried 60 worth/s; busy with full answers alone, 50/s")
+    s, d = P["slotune"].decide(degrade.SlotuneState(0.4, 60.0), obs(p99=0.3, queue=0.0, arrival=100.0,
+                                                                    verdict=carried))
+    assert s.full_rps == pytest.approx(45.0) and d.changes["degrade_ratio"] == pytest.approx(0.55)
+    assert "at most 0.9 of the 50/s" in d.reason
+    # a queue over budget with the load within what full answers carried busy: no degrading starts
+    s, d = P["slotune"].decide(degrade.SlotuneState(0.0), obs(p99=0.9, queue=0.5, arrival=40.0, completed=40.0,
+                                                             verdict=carried))
+    assert s.ratio == 0.0 and d.changes == {} and "within the 50 full answers/s it carried busy" in d.reason
 
 
 def test_slotune_degrades_nothing_until_full_answers_alone_were_seen_busy_nor_where_degrading_does_not_pay():
