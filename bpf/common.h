@@ -170,15 +170,20 @@ struct sock_io {
     u64 sk;              /* the key the connection is kept under: its socket, or (process, fd) */
     long ret;            /* bytes moved, 0 at end of file, or -errno */
     u32 flags;           /* recv flags */
-    u32 how;             /* SOCK_* */
+    u16 how;             /* SOCK_* */
+    u16 located;         /* sock_locate has run: how, buf and len are set */
     u64 buf;             /* the buffer, or the iovec array */
     u64 len;             /* its length, or the iovec count */
 };
 
 /* Where the bytes of syscall nr (SOCK_CURRENT: the one the task is in) are:
- * io->how, buf, len, from its arguments. Done only by a program that reads them. */
+ * io->how, buf, len, from its arguments. Done only by a program that reads them,
+ * once however many families' hooks ask. */
 static __always_inline void sock_locate(struct sock_io *io, long nr)
 {
+    if (io->located)
+        return;
+    io->located = 1;
     struct pt_regs *regs = current_regs();
 #if defined(__x86_64__)
     u64 buf = regs->si, len = regs->dx;
@@ -260,8 +265,9 @@ static __always_inline int sock_is_tcp(u64 sk)
     return protocol == SOCK_IPPROTO_TCP;
 }
 
-/* The programs, once in the object, around the families' sock_received(io, nr),
- * sock_sent(io, nr) and sock_ended(key). A read that failed (EAGAIN, most of a
+/* The programs (bpf/shared.bpf.c puts them in the object once), around the
+ * families' hooks on sock_received(io, nr), sock_sent(io, nr) and
+ * sock_ended(key) (hooks.py). A read that failed (EAGAIN, most of a
  * busy server's) or a write that moved nothing is nobody's business: the first
  * test, before the watched one. */
 #define SOCK_PROGRAMS                                                              \
@@ -271,7 +277,7 @@ int on_sock_recv(struct bpf_raw_tracepoint_args *ctx)                           
         return 0;                                                                  \
     struct sock_io io = {.sk = ctx->args[0], .ret = (int)ctx->args[1],             \
                          .flags = (u32)ctx->args[2], .how = SOCK_NONE};            \
-    sock_received(&io, SOCK_CURRENT);                                              \
+    hook_sock_received(&io, SOCK_CURRENT);                                         \
     return 0;                                                                      \
 }                                                                                  \
 int on_sock_send(struct bpf_raw_tracepoint_args *ctx)                              \
@@ -279,12 +285,12 @@ int on_sock_send(struct bpf_raw_tracepoint_args *ctx)                           
     if ((int)ctx->args[1] <= 0 || !maybe_watched(current_tid()))                   \
         return 0;                                                                  \
     struct sock_io io = {.sk = ctx->args[0], .ret = (int)ctx->args[1], .how = SOCK_NONE}; \
-    sock_sent(&io, SOCK_CURRENT);                                                  \
+    hook_sock_sent(&io, SOCK_CURRENT);                                             \
     return 0;                                                                      \
 }                                                                                  \
 int on_sock_destroy(struct bpf_raw_tracepoint_args *ctx)                           \
 {                                                                                  \
-    sock_ended(ctx->args[0]);                                                      \
+    hook_sock_ended(ctx->args[0]);                                                 \
     return 0;                                                                      \
 }
 #else
@@ -324,19 +330,19 @@ int on_##call##_exit(struct tracepoint__syscalls__sys_exit_##call *args)        
     return 0;                                                                      \
 }
 #define SOCK_PROGRAMS                                                              \
-SOCK_EXIT(read, sock_received(&io, args->__syscall_nr))                            \
-SOCK_EXIT(readv, sock_received(&io, args->__syscall_nr))                           \
-SOCK_EXIT(recvfrom, io.flags = sock_call_arg(3); sock_received(&io, args->__syscall_nr)) \
-SOCK_EXIT(recvmsg, io.flags = sock_call_arg(2); sock_received(&io, args->__syscall_nr)) \
-SOCK_EXIT(write, if (io.ret) sock_sent(&io, args->__syscall_nr))                   \
-SOCK_EXIT(writev, if (io.ret) sock_sent(&io, args->__syscall_nr))                  \
-SOCK_EXIT(sendto, if (io.ret) sock_sent(&io, args->__syscall_nr))                  \
-SOCK_EXIT(sendmsg, if (io.ret) sock_sent(&io, args->__syscall_nr))                 \
-SOCK_EXIT(sendfile64, if (io.ret) sock_sent(&io, args->__syscall_nr))              \
+SOCK_EXIT(read, hook_sock_received(&io, args->__syscall_nr))                       \
+SOCK_EXIT(readv, hook_sock_received(&io, args->__syscall_nr))                      \
+SOCK_EXIT(recvfrom, io.flags = sock_call_arg(3); hook_sock_received(&io, args->__syscall_nr)) \
+SOCK_EXIT(recvmsg, io.flags = sock_call_arg(2); hook_sock_received(&io, args->__syscall_nr)) \
+SOCK_EXIT(write, if (io.ret) hook_sock_sent(&io, args->__syscall_nr))              \
+SOCK_EXIT(writev, if (io.ret) hook_sock_sent(&io, args->__syscall_nr))             \
+SOCK_EXIT(sendto, if (io.ret) hook_sock_sent(&io, args->__syscall_nr))             \
+SOCK_EXIT(sendmsg, if (io.ret) hook_sock_sent(&io, args->__syscall_nr))            \
+SOCK_EXIT(sendfile64, if (io.ret) hook_sock_sent(&io, args->__syscall_nr))         \
 int on_close_enter(struct tracepoint__syscalls__sys_enter_close *args)             \
 {                                                                                  \
     if (maybe_watched(current_tid()))                                              \
-        sock_ended(sock_fd_key(args->fd));                                         \
+        hook_sock_ended(sock_fd_key(args->fd));                                    \
     return 0;                                                                      \
 }
 #endif

@@ -1,6 +1,6 @@
 /* Programs started per service: one count per successful execve() by a watched
  * task (sched:sched_process_exec, whose program in bpf/targeting.bpf.c runs for
- * every exec and calls this). A child forked by a service is watched from its
+ * every exec and calls this through hook_process_exec). A child forked by a service is watched from its
  * fork (bpf/targeting.bpf.c), so a helper the service runs per request counts
  * as the service's. */
 

@@ -457,42 +457,32 @@ static __always_inline void http_write_done(struct http_conn *c, struct sock_io 
     c->last_write_at = now;
 }
 
-/* The tls family reads the same sockets (bpf/tls.bpf.c): one program per
- * attach point serves both. A socket kept as an HTTP/1.x connection is no TLS
- * one: the tls family's hook runs only for the others. */
-#ifdef FAMILY_TLS
-#define TLS_ALSO(call) call
-#else
-#define TLS_ALSO(call)
-#endif
-
-/* A read returned on a watched task's socket (bpf/common.h SOCK_PROGRAMS). */
-static __always_inline void sock_received(struct sock_io *io, long nr)
+/* The hooks on the socket points (hooks.py; bpf/shared.bpf.c runs them, with
+ * the other families' on the same points after these). A read or write on a
+ * socket kept as an HTTP/1.x connection is this family's alone (1: no later
+ * family's hook sees it); on any other socket a request may start here, and
+ * the later families look too (a ClientHello, for tls). */
+static __always_inline int http_sock_received(struct sock_io *io, long nr)
 {
     struct http_conn *c = http_conn_of(io->sk);
     if (!c)
-        sock_locate(io, nr);                     /* a request or a ClientHello may start here */
+        sock_locate(io, nr);
     http_read_done(c, io, nr);
-    if (!c)
-        TLS_ALSO(tls_io_done(io, TLS_READ));
+    return c != 0;
 }
 
-static __always_inline void sock_sent(struct sock_io *io, long nr)
+static __always_inline int http_sock_sent(struct sock_io *io, long nr)
 {
     struct http_conn *c = http_conn_of(io->sk);
-    if (c) {
-        http_write_done(c, io, nr);
-        return;
-    }
-#ifdef FAMILY_TLS
-    sock_locate(io, nr);
-    tls_io_done(io, TLS_WRITE);
-#endif
+    if (!c)
+        return 0;
+    http_write_done(c, io, nr);
+    return 1;
 }
 
 /* The connection's end, in whatever task or softirq frees the socket: its
  * response is over. */
-static __always_inline void sock_ended(u64 key)
+static __always_inline void http_sock_ended(u64 key)
 {
     struct http_conn *c = http_conns.lookup(&key);
     u32 held;
@@ -503,7 +493,4 @@ static __always_inline void sock_ended(u64 key)
     } else if ((r = http_waiting(key, &held))) {  /* its connection evicted while its request waited */
         r->sk = 0;
     }
-    TLS_ALSO(tls_forget(key));
 }
-
-SOCK_PROGRAMS

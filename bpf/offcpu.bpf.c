@@ -75,6 +75,7 @@ static __always_inline void offcpu_blocked(u32 prev, struct offcpu_left *e)
         *old = *e;
 }
 
+/* sched_switch's hook (hooks.py). */
 static __always_inline void offcpu_switch(struct sched_switch *s)
 {
     u32 prev = s->prev, next = s->next;
@@ -97,20 +98,3 @@ static __always_inline void offcpu_switch(struct sched_switch *s)
         lru_deleted(LRU_OFFCPU_SINCE);
     hist_add(left.service, SIG_OFFCPU, left.class_id, bpf_ktime_get_ns() - left.at);
 }
-
-/* The runqueue family reads sched_switch too (bpf/runqueue.bpf.c): one program serves both. */
-#ifdef FAMILY_RUNQUEUE
-static __always_inline void runqueue_switch(struct sched_switch *s);   /* whichever file comes first */
-#endif
-
-#if SCHED_TASK_PID_OFF >= 0
-int on_sched_switch(struct bpf_raw_tracepoint_args *ctx)
-{
-    struct sched_switch s = sched_switch_of(ctx);
-#ifdef FAMILY_RUNQUEUE
-    runqueue_switch(&s);
-#endif
-    offcpu_switch(&s);
-    return 0;
-}
-#endif

@@ -31,6 +31,7 @@ int on_sched_wakeup_new(struct bpf_raw_tracepoint_args *ctx)   /* (p) */
 }
 #endif
 
+/* sched_switch's hook (hooks.py). */
 static __always_inline void runqueue_switch(struct sched_switch *s)
 {
     /* Preempted, or no sleeping state bit (0xff) set, as the tracepoint reports
@@ -50,13 +51,3 @@ static __always_inline void runqueue_switch(struct sched_switch *s)
     if (service)
         hist_add(*service, SIG_RUNQUEUE_WAIT, 0, waited);
 }
-
-#if !defined(FAMILY_OFFCPU) && SCHED_TASK_PID_OFF >= 0
-/* With the offcpu family, its sched_switch program calls runqueue_switch (bpf/offcpu.bpf.c). */
-int on_sched_switch(struct bpf_raw_tracepoint_args *ctx)
-{
-    struct sched_switch s = sched_switch_of(ctx);
-    runqueue_switch(&s);
-    return 0;
-}
-#endif

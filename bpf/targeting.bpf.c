@@ -31,19 +31,13 @@ int on_process_exit(struct tracepoint__sched__sched_process_exit *args)
 /* Process ids of programs just exec'd by unwatched tasks (a full buffer drops them:
  * the next rescan finds those), from sched:sched_process_exec attached raw
  * (args: the task, its id before the exec, the binprm), which fires once the new
- * program is in place: no program runs on any syscall. The exec family counts
- * the execs of watched tasks in the same program. */
+ * program is in place: no program runs on any syscall. Families hook the same
+ * program (the exec family counts the execs of watched tasks). */
 BPF_RINGBUF_OUTPUT(execs, 8);
-
-#ifdef FAMILY_EXEC
-static __always_inline void exec_count(u32 old_pid);   /* bpf/exec.bpf.c */
-#endif
 
 int on_process_exec(struct bpf_raw_tracepoint_args *ctx)
 {
-#ifdef FAMILY_EXEC
-    exec_count((u32)ctx->args[1]);
-#endif
+    hook_process_exec((u32)ctx->args[1]);      /* the families' (hooks.py): exec's count */
     if (service_of_task(current_tid()))
         return 0;                  /* already its service's since its fork */
     u32 pid = current_tgid();

@@ -170,25 +170,21 @@ static __always_inline void tls_io_done(struct sock_io *io, u32 dir)
         lru_deleted(LRU_TLS_CONNS);
 }
 
-#ifndef FAMILY_HTTP
-/* Without the http family these tracepoints are this family's alone; with it,
- * bpf/http.bpf.c's programs on them call the tls_* hooks above as well. */
-static __always_inline void sock_received(struct sock_io *io, long nr)
+/* The hooks on the socket points (hooks.py; sock_ended's is tls_forget). They
+ * claim no socket (0): its records hide it from no later family. */
+static __always_inline int tls_sock_received(struct sock_io *io, long nr)
 {
     sock_locate(io, nr);
     tls_io_done(io, TLS_READ);
+    return 0;
 }
 
-static __always_inline void sock_sent(struct sock_io *io, long nr)
+static __always_inline int tls_sock_sent(struct sock_io *io, long nr)
 {
     sock_locate(io, nr);
     tls_io_done(io, TLS_WRITE);
+    return 0;
 }
-
-static __always_inline void sock_ended(u64 key) { tls_forget(key); }
-
-SOCK_PROGRAMS
-#endif
 
 /* ---- plaintext calls and bytes, from libssl ---- */
 

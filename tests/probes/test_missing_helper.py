@@ -39,7 +39,7 @@ def test_the_other_families_load_and_count(offcpu_needs_unknown_helper, kernel, 
     assert len(said) == 1
     assert all(word in said[0] for word in ("offcpu probes", UNKNOWN.name, platform.release(), "Linux >= 99.0"))
     assert [f.name for f in collector.program.families] == ["runqueue", "tcp", "http"]
-    assert "#define FAMILY_OFFCPU" not in collector.program.text
+    assert "bpf/offcpu.bpf.c ----" not in collector.program.text
     assert "offcpu_since" not in collector.program.text          # offcpu's code left out
     assert collector.attached["sched:sched_switch"]
 

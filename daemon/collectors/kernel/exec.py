@@ -9,4 +9,4 @@ class Exec(Family):
     signals = (Signal("process_execs", "slotune_process_execs_total", None, "counter",
                       "Programs the service's processes started (successful execve)"),)
     raw_tracepoints = (EXEC,)   # the program that also sends new processes to arrivals.py
-    defines = {"FAMILY_EXEC": 1}
+    hooks = (("process_exec", "exec_count"),)

@@ -5,6 +5,7 @@ the exporter here, beside the kernel collector's own."""
 from __future__ import annotations
 
 from daemon.collectors.kernel.exec import Exec
+from daemon.collectors.kernel import hooks
 from daemon.collectors.kernel.family import Family
 from daemon.collectors.kernel.http import Http
 from daemon.collectors.kernel.offcpu import OffCpu
@@ -13,7 +14,10 @@ from daemon.collectors.kernel.tcp import Tcp
 from daemon.collectors.kernel.tls import Tls
 from daemon.export.samples import register_signals
 
-FAMILIES: dict[str, type[Family]] = {f.name: f for f in (RunQueue, OffCpu, Tcp, Tls, Http, Exec)}
+# The order is the order of their C and of their hooks on a shared point (hooks.py):
+# http's claims the sockets it keeps as HTTP/1.x connections before tls's looks.
+FAMILIES: dict[str, type[Family]] = {f.name: f for f in (RunQueue, OffCpu, Tcp, Http, Tls, Exec)}
+hooks.check(list(FAMILIES.values()))
 
 register_signals({s.name: (s.metric, s.label, s.kind, s.help) for f in FAMILIES.values() for s in f.signals})
 register_signals({     # the kernel collector's own, beside its families'
@@ -29,8 +33,7 @@ SIGNAL_NAMES = {i: name for name, i in SIGNAL_IDS.items()}
 
 def make_families(names: list[str] | None = None) -> list[Family]:
     """The families named (all where None), in FAMILIES order whatever order they are
-    named in: a family's C calls hooks of those before it (`probes = ["http", "tls"]`
-    did not compile), and one named twice is built once."""
+    named in (the order their hooks run in), one named twice built once."""
     names = list(FAMILIES) if names is None else names
     unknown = [n for n in names if n not in FAMILIES]
     if unknown:

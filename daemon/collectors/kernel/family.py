@@ -58,6 +58,7 @@ class Family:
     # (its counter signal, labels per service); a series' slot is service id * labels + label.
     service_arrays: dict[str, tuple[str, int]] = {}
     maps: dict[str, Map] = {}                         # its maps sized by daemon.bpf_map_entries, by name
+    hooks: tuple[tuple[str, str], ...] = ()           # (shared attach point, its C function): hooks.py
 
     @classmethod
     def attach_points(cls) -> list[str]:

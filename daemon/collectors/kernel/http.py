@@ -49,9 +49,11 @@ class Http(Family):
                Signal("http_arrived", "slotune_http_requests_arrived_total", None, "counter",
                       "HTTP/1.x requests read by the service, counted as they arrive (answered or not yet): "
                       "the load offered to it"))
-    raw_tracepoints = sockets.POINTS   # shared with the tls family: one program each serves both
+    raw_tracepoints = sockets.POINTS   # shared with the tls family (hooks.py)
+    hooks = (("sock_received", "http_sock_received"), ("sock_sent", "http_sock_sent"),
+             ("sock_ended", "http_sock_ended"))
     helpers = PT_REGS                  # where a read's or a write's bytes are: the syscall's registers
-    defines = {"FAMILY_HTTP": 1, "HTTP_SERVICE_IDS": SERVICE_IDS, "HTTP_CLASS_SLOTS": CLASS_SLOTS,
+    defines = {"HTTP_SERVICE_IDS": SERVICE_IDS, "HTTP_CLASS_SLOTS": CLASS_SLOTS,
                "HTTP_UNTIMED_PATHS": UNTIMED_PATHS, **REFUSED}
     service_arrays = {"http_arrived": ("http_arrived", 1), "http_statuses": ("http_status", CLASS_SLOTS)}
     maps = {"http_conns": Map(65536, True, "an evicted connection's last response, answered but not yet over, "

@@ -13,11 +13,11 @@ class OffCpu(Family):
     signals = (Signal("offcpu", "slotune_offcpu_seconds", "syscall", "histogram",
                       "Time the service's tasks spent off the CPU blocked in syscalls (switched out "
                       "to switched back in), one observation per block, by syscall class"),)
-    # Shared with the runqueue family: one program serves both (bpf/offcpu.bpf.c).
-    raw_tracepoints = (sched.SWITCH,)
+    raw_tracepoints = (sched.SWITCH,)   # shared with the runqueue family (hooks.py)
+    hooks = (("sched_switch", "offcpu_switch"),)
     # The syscall in progress comes from the task's saved registers (bpf/offcpu.bpf.c).
     helpers = PT_REGS
-    defines = {**{f"OFFCPU_{c.upper()}": i for i, c in enumerate(SYSCALL_CLASSES)}, "FAMILY_OFFCPU": 1}
+    defines = {f"OFFCPU_{c.upper()}": i for i, c in enumerate(SYSCALL_CLASSES)}
     maps = {"offcpu_since": Map(16384, True, "a blocked task's time off the CPU is not observed, the longest "
                                              "blocks first")}
 

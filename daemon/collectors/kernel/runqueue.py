@@ -9,8 +9,8 @@ class RunQueue(Family):
                       "Time the service's tasks waited runnable for a CPU"),)
     raw_tracepoints = (("sched:sched_wakeup", "on_sched_wakeup"),
                        ("sched:sched_wakeup_new", "on_sched_wakeup_new"),
-                       sched.SWITCH)   # shared with offcpu (bpf/offcpu.bpf.c)
-    defines = {"FAMILY_RUNQUEUE": 1}
+                       sched.SWITCH)   # shared with the offcpu family (hooks.py)
+    hooks = (("sched_switch", "runqueue_switch"),)
     maps = {"runqueue_since": Map(16384, True, "a runnable task's wait for a CPU is not observed, the longest "
                                                "waits first")}
 

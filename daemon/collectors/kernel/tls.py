@@ -44,9 +44,11 @@ class Tls(Family):
                       "Plaintext bytes the service read or wrote through libssl"),
                Signal("tls_calls", "slotune_tls_calls_total", "direction", "counter",
                       "Successful SSL_read/SSL_write calls (and _ex forms) of the service"))
-    raw_tracepoints = sockets.POINTS   # shared with the http family: one program each serves both
+    raw_tracepoints = sockets.POINTS   # shared with the http family (hooks.py)
+    hooks = (("sock_received", "tls_sock_received"), ("sock_sent", "tls_sock_sent"),
+             ("sock_ended", "tls_forget"))
     helpers = PT_REGS
-    defines = {**{f"TLS_{d.upper()}": i for i, d in enumerate(DIRECTIONS)}, "FAMILY_TLS": 1}
+    defines = {f"TLS_{d.upper()}": i for i, d in enumerate(DIRECTIONS)}
     maps = {"tls_conns": Map(16384, True, "a handshake in progress is not timed"),
             "tls_calls": Map(16384, True, "an SSL_read or SSL_write call in progress is not counted")}
 
