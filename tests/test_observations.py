@@ -13,11 +13,12 @@ import pytest
 
 from daemon.config import ServiceConf, TunerConf
 from daemon.control import observations
-from daemon.control.observations import MIN_REQUESTS, Inputs, batches_run, for_budget, queue_p99
+from daemon.control.observations import MIN_REQUESTS, Inputs, queue_p99
 from daemon.control.tuner_specs import SPECS
 from daemon.model.histogram import BucketHistogram, Histogram
 from daemon.model.service import ServiceSpec
 from daemon.model.window import Window
+from tuners import batch, budget, degrade, throttle
 
 
 def counts(bounds, values) -> BucketHistogram:
@@ -38,7 +39,8 @@ def window(t, sizes, compute_s) -> Window:
 
 def test_each_window_with_batches_is_one_group_of_its_mean_size_count_and_mean_time():
     ws = [window(0, [8, 8, 16], [0.03, 0.03, 0.06]), window(1, [], []), window(2, [2, 4], [0.01, 0.02])]
-    assert batches_run(ws) == ((11, 3, 0.04), (3, 2, 0.015))
+    conf = ServiceConf(ServiceSpec("inference", cmdline="inference", slo_p99_s=0.5))
+    assert batch.batches_run(Inputs(3.0, ws, ws, conf, {}, 3.0, lambda *_: None)) == ((11, 3, 0.04), (3, 2, 0.015))
 
 
 def stage_window(t, stages_ms: dict[str, list[float]]) -> Window:
@@ -63,7 +65,7 @@ def test_budget_hops_are_the_tool_and_llm_stages_and_the_rest_is_the_gateway_s_o
     ms = np.linspace(0.5, 1.5, 101)        # P50 at 1x, P99 near 1.5x
     windows = [stage_window(0, {"gate": 2 * ms, "cache": 3 * ms, "tools": 100 * ms}),
                stage_window(1, {"gate": 2 * ms, "llm": 300 * ms})]
-    obs = for_budget(budget_inputs(windows))
+    obs = budget.observe(budget_inputs(windows))
     assert [hop for hop, _ in obs.hop_slos_s] == ["gateway", "tool", "llm"]
     assert dict(obs.hop_slos_s) == pytest.approx({"gateway": 0.1, "tool": 0.25, "llm": 0.6})
     p50, p99 = dict(obs.hop_p50_s), dict(obs.hop_p99_s)
@@ -73,7 +75,7 @@ def test_budget_hops_are_the_tool_and_llm_stages_and_the_rest_is_the_gateway_s_o
 
 
 def test_a_hop_without_calls_reads_zero_so_the_budget_tuner_waits_for_its_data():
-    obs = for_budget(budget_inputs([stage_window(0, {"gate": [2.0, 2.0], "llm": [300.0, 320.0]})]))
+    obs = budget.observe(budget_inputs([stage_window(0, {"gate": [2.0, 2.0], "llm": [300.0, 320.0]})]))
     assert dict(obs.hop_p50_s)["tool"] == 0.0 and dict(obs.hop_p99_s)["tool"] == 0.0
 
 
@@ -135,12 +137,12 @@ def test_the_dimmer_s_verdict_from_the_windows_the_throttle_and_the_dimmer_read_
     # 100 a second is what they carry; then 8 seconds degrading 60 of 110 within budget (the first 4 ignored)
     busy = [dimmer_window(float(t), 100, 0, 600.0, refused=20.0) for t in range(3)]
     mixed = [dimmer_window(float(t), 110, 60, 50.0) for t in range(3, 11)]
-    v = observations.for_degrade(inputs(busy + mixed)).verdict
+    v = degrade.observe(inputs(busy + mixed)).verdict
     assert (v.pays, v.full_rps, v.worth_rps) == (False, 100.0, 80.0)     # 110 - 0.5 x 60
-    assert not observations.for_throttle(inputs(busy + mixed)).degrade_room   # the throttle refuses instead
-    v = observations.for_degrade(inputs(busy + mixed, worth=0.9)).verdict
+    assert not throttle.observe(inputs(busy + mixed)).degrade_room   # the throttle refuses instead
+    v = degrade.observe(inputs(busy + mixed, worth=0.9)).verdict
     assert (v.pays, v.worth_rps) == (True, 104.0)                        # worth 0.9 each: 110 - 0.1 x 60
-    assert observations.for_throttle(inputs(busy + mixed, worth=0.9)).degrade_room
-    v = observations.for_degrade(inputs(busy + mixed[:7])).verdict
+    assert throttle.observe(inputs(busy + mixed, worth=0.9)).degrade_room
+    v = degrade.observe(inputs(busy + mixed[:7])).verdict
     assert (v.pays, v.full_rps) == (None, 100.0)                         # 7 degrading: not yet
-    assert observations.for_throttle(inputs(busy + mixed[:7])).degrade_room
+    assert throttle.observe(inputs(busy + mixed[:7])).degrade_room

@@ -1,5 +1,10 @@
-"""slotune's tuners: pure control algorithms, one module per tuner, each with the
-whitepaper rule and published anchors beside slotune's own policy ("slotune").
+"""slotune's tuners: pure control algorithms, one module per tuner, each declaring
+all of itself: its Observation and how it is built from the daemon's Inputs
+(`observe`), its POLICIES (slotune's own, the whitepaper rule and published
+anchors), INTERVAL_S, its SPEC (the settings it pushes, its own keys, the SLOs it
+steers on), and ALERT for one that only raises alerts or to_settings for one that
+decides in its own terms. Every module here with POLICIES is a tuner: TUNERS
+finds it, and the config, the control loop and the tests take it from there.
 
     from tuners import TUNERS, policy
     p = policy("throttle")                      # slotune's default
@@ -8,12 +13,17 @@ whitepaper rule and published anchors beside slotune's own policy ("slotune").
 """
 from __future__ import annotations
 
-from tuners import batch, breaker, budget, continuous_batch, degrade, drift, sampling, throttle
+import importlib
+import pkgutil
+from types import ModuleType
+
 from tuners.base import Decision, Policy
 
-TUNERS = {"throttle": throttle, "batch": batch, "sampling": sampling,
-          "breaker": breaker, "drift": drift, "budget": budget, "degrade": degrade,
-          "continuous_batch": continuous_batch}
+TUNERS: dict[str, ModuleType] = {}
+for _found in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+    _module = importlib.import_module(f"{__name__}.{_found.name}")
+    if hasattr(_module, "POLICIES"):
+        TUNERS[_found.name] = _module
 
 
 def policy(tuner: str, name: str = "slotune") -> Policy:

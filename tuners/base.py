@@ -8,6 +8,18 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 
+P99_AIM = 0.8   # the overload tuners (throttle, degrade) aim P99 at this share of the SLO
+
+
+@dataclass(frozen=True)
+class Alert:
+    """What an alert-only tuner watches (a module's ALERT): the metric it names, and
+    reading(observation) -> (baseline, value), audited as old -> new and exported as
+    their relative change."""
+    metric: str
+    reading: Callable[[Any], tuple[float, float]]
+
+
 @dataclass(frozen=True)
 class Decision:
     """What a tuner wants pushed: setting -> new value (empty = no change)."""
@@ -60,8 +72,8 @@ class Option:
 @dataclass(frozen=True)
 class Spec:
     """What a tuner asks of a service, declared beside its algorithm: the daemon's config
-    is checked against it ([services.NAME.tuners.TUNER]), and daemon/control/tuner_specs.py
-    pairs it with the tuner's observation builder."""
+    is checked against it ([services.NAME.tuners.TUNER]), and the control loop pushes what
+    it lists."""
     settings: tuple[str, ...] = ()                      # the service's settings it pushes; each needs bounds
     policy_settings: Mapping[str, tuple[str, ...]] = field(default_factory=dict)   # policies pushing others
     options: tuple[Option, ...] = ()                    # the keys of its own table

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from tuners.base import Decision, Policy, Spec, changed, clamp, setting
+
+if TYPE_CHECKING:
+    from daemon.control.observations import Inputs
 
 INTERVAL_S = 5.0
 SPEC = Spec(("max_batch_size", "max_queue_delay_ms"))
@@ -206,3 +210,23 @@ POLICIES = {
     "triton": Policy("triton", "Triton advice: double b until P99 breaks the budget, keep the last good",
                      _size_init, _triton_decide, fields=SIZES_FIELDS),
 }
+
+
+def observe(i: Inputs) -> Observation:
+    hist = i.span.latency
+    return Observation(
+        now=i.now, slo_s=i.conf.spec.slo_p99_s, p99_s=i.quantile(hist, 0.99),
+        arrival_rps=i.rate(lambda w: w.requests + w.rejected), goodput_rps=i.rate(lambda w: w.goodput * w.seconds),
+        batches=batches_run(i))
+
+
+def batches_run(i: Inputs) -> tuple[tuple[int, int, float], ...]:
+    """(mean batch size, batches, mean compute s) per window: the batch time is linear in
+    the size, so a window's mean compute sits on the fit at its mean size, and windows
+    of different sizes let the tuner see both the slope and the scatter around it."""
+    out = []
+    for w in i.recent:
+        sizes, compute = i.family_hist("_batch_size", [w]), i.family_hist("_batch_compute_seconds", [w])
+        if sizes is not None and compute is not None and sizes.count and compute.count:
+            out.append((max(1, round(sizes.mean())), compute.count, compute.mean()))
+    return tuple(out)

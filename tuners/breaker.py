@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from tuners.base import Decision, Option, Policy, Spec, setting
+
+if TYPE_CHECKING:
+    from daemon.control.observations import Inputs
 
 INTERVAL_S = 1.0
 NAMES = ("breaker_failure_threshold", "breaker_consecutive_failures", "breaker_open_s")
@@ -152,3 +156,10 @@ POLICIES = {
     "resilience4j": Policy("resilience4j", "resilience4j defaults: 50 % failure rate, 60 s open",
                            _init, _fixed(0.5, 0.0, 60.0, "resilience4j: failureRateThreshold 50, wait 60 s"), fields=OWN_FIELDS),
 }
+
+
+def observe(i: Inputs) -> Observation:
+    return Observation(now=i.now, calls=int(i.family_sum("_tool_calls_total")),
+                       failures=int(i.family_sum("_tool_calls_total", outcome="error")),
+                       breaker_open=any(v > 0 for v in i.gauge_last("_breaker_open")),
+                       slo_failure_rate=i.options["slo_failure_rate"])

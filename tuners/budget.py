@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tuners.base import Decision, Option, Policy, Spec, changed
+
+if TYPE_CHECKING:
+    from daemon.control.observations import Inputs
 
 INTERVAL_S = 10.0
 PREFIX = "budget_weight."
@@ -140,3 +144,27 @@ POLICIES = {
     "whitepaper": Policy("whitepaper", "weights proportional to per-hop SLO, normalised to 1", _init, _wp_decide),
     "equal": Policy("equal", "the same share for every hop", _init, _equal_decide),
 }
+
+
+def observe(i: Inputs) -> Observation:
+    """Each hop's P50 and P99 over the interval (0: no calls, the tuner waits for data); the
+    own hop's are the sums of its stages' (as if its stages were slow together). The hops
+    are the stages the service times in `*_stage_duration_seconds{stage}`."""
+    stages = i.by_label("_stage_duration_seconds", "stage")
+    measured = {stage for stage, _ in HOPS.values()}
+    own = [h for stage, h in stages.items() if stage not in measured]
+    quantiles = {OWN_HOP: (sum(i.quantile(h, 0.5) for h in own), sum(i.quantile(h, 0.99) for h in own))}
+    quantiles |= {hop: (i.quantile(stages.get(stage), 0.5), i.quantile(stages.get(stage), 0.99))
+                  for hop, (stage, _) in HOPS.items()}
+    return Observation(
+        now=i.now, slo_s=i.conf.spec.slo_p99_s,
+        hop_slos_s=tuple((hop, i.options[f"{hop}_slo_ms"] / 1000.0) for hop in quantiles),
+        hop_p50_s=tuple((hop, p50) for hop, (p50, _) in quantiles.items()),
+        hop_p99_s=tuple((hop, p99) for hop, (_, p99) in quantiles.items()))
+
+
+def to_settings(changes: dict[str, float], i: Inputs) -> dict[str, float]:
+    """The weights as the timeouts that enforce them: weight x the service's P99 SLO, in
+    ms. The own hop's weight stays free for the gateway's own work."""
+    slo_ms = i.conf.spec.slo_p99_s * 1000.0
+    return {setting: changes[PREFIX + hop] * slo_ms for hop, (_, setting) in HOPS.items() if PREFIX + hop in changes}

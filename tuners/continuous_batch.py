@@ -52,9 +52,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from tuners.base import Decision, Policy, Spec, changed, clamp, setting
 from tuners.batch import whitepaper_size
+
+if TYPE_CHECKING:
+    from daemon.control.observations import Inputs
 
 INTERVAL_S = 2.0
 SEQS, TOKENS = "max_num_seqs", "max_num_batched_tokens"
@@ -205,3 +209,19 @@ POLICIES = {
     "whitepaper": Policy("whitepaper", "max_num_seqs = ((0.8*TPOT SLO - 8.3)/(2.1*1.28))^2, 1..128, every 30 s",
                          _init, _wp_decide, fields=FIELDS),
 }
+
+
+def observe(i: Inputs) -> Observation:
+    """An LLM server's token latencies (the windows' TTFT, one per request, and gaps between
+    output tokens, one per gap) and its scheduler's signals: running and waiting sequences,
+    KV cache use, preemptions, tokens per step (daemon/profiles names them per product)."""
+    ttft, gaps, steps = i.span.ttft, i.span.tpot, i.family_hist("_iteration_tokens")
+    return Observation(
+        now=i.now, slo_ttft_s=i.conf.spec.slo_ttft_p99_s, slo_tpot_s=i.conf.spec.slo_tpot_p99_s,
+        ttft_p99_s=i.quantile(ttft, 0.99), tpot_p99_s=i.quantile(gaps, 0.99),
+        itl_mean_s=gaps.mean() if gaps is not None and gaps.count else 0.0,
+        requests=int(ttft.count) if ttft is not None else 0,
+        running=i.gauge_mean("_num_requests_running"), waiting=i.gauge_mean("_num_requests_waiting"),
+        kv_usage=i.gauge_max("_kv_cache_usage_ratio") or 0.0, preemptions=i.family_sum("_num_preemptions_total"),
+        step_tokens=steps.mean() if steps is not None and steps.count else 0.0,
+        step_tokens_p99=i.quantile(steps, 0.99))

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tuners import throttle
-from tuners.base import Decision, Option, Policy, Spec, changed, clamp, setting
+from tuners.base import P99_AIM, Decision, Option, Policy, Spec, changed, clamp, setting
+
+if TYPE_CHECKING:
+    from daemon.control.observations import Inputs
 
 INTERVAL_S = 1.0
 SETTING = "degrade_ratio"
@@ -31,7 +34,7 @@ WORTH = 0.5                   # what a degraded answer is worth to its user, a f
 SPEC = Spec((SETTING,), options=(Option("degraded_worth", WORTH, 0.0, 1.0,
                                         "what a degraded answer is worth, a full one being worth 1"),))
 SHARE = 0.9                   # slotune's queue-wait budget: this share of the throttle's
-SETPOINT = throttle.TARGET - 0.05   # brownout's P99 setpoint as a share of the SLO, under the throttle's aim
+SETPOINT = P99_AIM - 0.05    # brownout's P99 setpoint as a share of the SLO, under the throttle's aim
 EVIDENCE_S = 300.0            # how far back the windows that say whether degrading pays reach
 FULL_ONLY, DEGRADING = 0.05, 0.2   # a window's degraded share: at most this, full answers only; at least, degrading
 OVER = 1.1                    # a window offered this many times what it carried was overloaded
@@ -42,7 +45,7 @@ def queue_budget(slo_s: float, p99_s: float, queue_p99_s: float) -> float:
     """The queue wait slotune's dimmer allows: SHARE of the throttle's own budget (the SLO's
     target less the service's own tail)."""
     service_tail = max(0.0, p99_s - queue_p99_s)
-    return SHARE * max(throttle.TARGET * slo_s - service_tail, 0.25 * service_tail)
+    return SHARE * max(P99_AIM * slo_s - service_tail, 0.25 * service_tail)
 
 
 @dataclass(frozen=True)
@@ -251,3 +254,46 @@ POLICIES = {
     "brownout": Policy("brownout", "Klein et al. ICSE 2014 adaptive dimmer controller (pole 0.9, RLS 0.95)",
                        _bo_init, _bo_decide, fields=FIELDS),
 }
+
+
+DEGRADED = "degraded"   # the outcome label of an answer given degraded (still a 200)
+
+
+def evidence(i: Inputs) -> Verdict:
+    """Whether degrading pays on this service (verdict()), from its windows of the last
+    EVIDENCE_S: what each carried, how much of it degraded, whether the limiter refused
+    and whether its queue wait was over the dimmer's budget. Each window's row is worked
+    out once, when it is new."""
+    slo = i.conf.spec.slo_p99_s
+    lowest = i.lowest_tail()
+
+    def row(w) -> Busy | None:
+        if not w.requests or not w.seconds:
+            return None
+        queue = i.queue_p99([w], w.latency, lowest)
+        return Busy(w.requests / w.seconds, i.answers_labelled(w, "outcome", DEGRADED) / w.seconds,
+                    (w.requests + w.rejected) / w.seconds, w.rejected > 0,
+                    queue > queue_budget(slo, i.quantile(w.latency, 0.99), queue))
+    rows = i.per_window("dimmer evidence", row)
+    since = i.now - EVIDENCE_S
+    worth = i.tuner_option("degrade", "degraded_worth", WORTH)
+    return verdict([r for w, r in zip(i.history, rows) if r is not None and w.end > since], worth)
+
+
+def room(i: Inputs) -> bool:
+    """A dimmer beside the throttle can still degrade more, and it pays: the throttle lets it go first."""
+    if "degrade" not in i.running or i.settings.get(SETTING, 1.0) >= 1.0:
+        return False
+    return evidence(i).pays is not False
+
+
+def observe(i: Inputs) -> Observation:
+    """The throttle's view of the interval plus the answers given degraded: those the
+    service's latency histogram labels outcome="degraded" (the dimmer's, and those a
+    failed tool degraded)."""
+    hist = i.span.latency
+    return Observation(
+        now=i.now, slo_s=i.conf.spec.slo_p99_s, p99_s=i.quantile(hist, 0.99),
+        arrival_rps=i.rate(lambda w: w.requests + w.rejected), completed_rps=i.rate(lambda w: w.requests),
+        degraded_rps=i.rate(lambda w: i.answers_labelled(w, "outcome", DEGRADED)),
+        refused_rps=i.rate(lambda w: w.rejected), queue_p99_s=i.queue_p99(), verdict=evidence(i))

@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy import stats
 
-from tuners.base import Decision, Option, Policy, Spec
+from tuners.base import Alert, Decision, Option, Policy, Spec
+
+if TYPE_CHECKING:
+    from daemon.control.observations import Inputs
 
 INTERVAL_S = 3600.0
+METRIC = "latency_p99_seconds"   # what its baselines are kept of (daemon/store), and its alert names
 # it raises an alert and pushes no setting
 SPEC = Spec(options=(Option("baseline_days", 7.0, 0.001, 365.0, "how far back the baseline reaches"),))
 
@@ -223,3 +228,21 @@ POLICIES = {
     "page_hinkley": Policy("page_hinkley", "Page-Hinkley on % deviation, river defaults", _ph_init, _ph_decide),
     "ks": Policy("ks", "two-sample KS test vs baseline samples, p < 0.001", _none, _ks_decide),
 }
+
+
+def observe(i: Inputs) -> Observation | None:
+    """The P99 of the interval against the stored baseline (the days before the interval);
+    None until a baseline exists."""
+    hist = i.span.latency
+    baseline = i.baseline_for(i.conf.name, i.now - i.options["baseline_days"] * 86400.0, i.now - i.interval_s)
+    if baseline is None or hist is None or not hist.count:
+        return None
+    samples = tuple(w.p(0.99) for w in i.recent if w.requests and math.isfinite(w.p(0.99)))
+    return Observation(now=i.now, value=i.quantile(hist, 0.99), baseline=baseline, samples=samples)
+
+
+def _reading(obs: Observation) -> tuple[float, float]:
+    return obs.baseline.mean, obs.value
+
+
+ALERT = Alert(METRIC, _reading)   # it pushes nothing: it raises and clears an alert on METRIC

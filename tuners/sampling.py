@@ -7,8 +7,12 @@ the sampled ones."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from tuners.base import Decision, Option, Policy, Spec, changed, clamp, setting
+
+if TYPE_CHECKING:
+    from daemon.control.observations import Inputs
 
 INTERVAL_S = 1.0
 SPEC = Spec(("trace_sample_rate", "trace_keep_slower_than_s"),
@@ -115,3 +119,12 @@ POLICIES = {
     "jaeger": Policy("jaeger", "Jaeger adaptive: x target/actual every 60 s, +50 % cap, 30 % tolerance",
                      _init, _jaeger_decide, fields=RATE_FIELDS),
 }
+
+
+def observe(i: Inputs) -> Observation:
+    hist = i.span.latency
+    return Observation(
+        now=i.now, request_rps=i.rate(lambda w: w.requests), error_rps=i.rate(lambda w: w.errors),
+        p90_s=i.quantile(hist, 0.9), p99_s=i.quantile(hist, 0.99),
+        kept_rps=i.family_sum("_traces_total", sampled="true") / i.seconds,
+        budget_traces_per_s=i.options["budget_traces_per_s"])

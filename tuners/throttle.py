@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from tuners.base import Decision, Policy, Spec, changed, clamp, setting
+from tuners import degrade
+from tuners.base import P99_AIM, Decision, Policy, Spec, changed, clamp, setting
+
+if TYPE_CHECKING:
+    from daemon.control.observations import Inputs
 
 INTERVAL_S = 1.0
 SPEC = Spec(("concurrency_limit",), {"whitepaper": ("rate_limit_rps",)})
@@ -193,7 +198,6 @@ def _slotune_init(settings):
     return SlotuneState(limit, ceiling=limit)
 
 
-TARGET = 0.8  # aim P99 at 80 % of the SLO
 MISREAD_CUTS = 2  # cuts in a row that left P99 where it was: the wait was not queueing at this limit
 
 
@@ -202,7 +206,7 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
         return state, Decision({}, "no completed requests")
     queue = obs.p99_s if obs.queue_p99_s is None else obs.queue_p99_s
     service_tail = max(0.0, obs.p99_s - queue)
-    budget = max(TARGET * obs.slo_s - service_tail, 0.25 * service_tail)  # queue wait the SLO allows
+    budget = max(P99_AIM * obs.slo_s - service_tail, 0.25 * service_tail)  # queue wait the SLO allows
     slack = 0.1 * budget
     if state.cuts and abs(state.limit - state.cut_to) > max(1.0, 0.1 * state.cut_to):
         state = replace(state, cut_p99=0.0, cuts=0)   # that cut is not in force (rolled back, held): it proved nothing
@@ -288,3 +292,18 @@ POLICIES = {name: _needs_a_limit(policy) for name, policy in {
     "envoy": Policy("envoy", "Envoy adaptive concurrency gradient controller, published defaults",
                     _envoy_init, _envoy_decide, fields=LIMIT_FIELDS),
 }.items()}
+
+
+def observe(i: Inputs) -> Observation:
+    """The interval's latency, rates and queue wait; in flight as the service says, else by
+    Little's law; and whether a dimmer beside it can still degrade (it goes first)."""
+    hist = i.span.latency
+    completed = i.rate(lambda w: w.requests)
+    in_flight = i.gauge_max("_inflight_requests")
+    if in_flight is None:  # Little's law when the service does not say
+        in_flight = completed * (hist.mean() if hist is not None and hist.count else 0.0)
+    return Observation(
+        now=i.now, slo_s=i.conf.spec.slo_p99_s, p50_s=i.quantile(hist, 0.5), p90_s=i.quantile(hist, 0.9),
+        p99_s=i.quantile(hist, 0.99), arrival_rps=i.rate(lambda w: w.requests + w.rejected), completed_rps=completed,
+        goodput_rps=i.rate(lambda w: w.goodput * w.seconds), rejected_rps=i.rate(lambda w: w.rejected),
+        in_flight=float(in_flight), queue_p99_s=i.queue_p99(), degrade_room=degrade.room(i))

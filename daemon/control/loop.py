@@ -18,12 +18,14 @@ import math
 from concurrent import futures
 from dataclasses import dataclass, field, replace
 
+from tuners.base import Alert
+
 from daemon.config import Bounds, Config, ServiceConf
 from daemon.control import observations
 from daemon.control.actuators import Actuator, ActuatorError, plain
 from daemon.store.audit import AuditError, AuditLog, Entry, Outcome
 from daemon.control.guard_state import GuardState
-from daemon.control.tuner_specs import SPECS, Alert
+from daemon.control.tuner_specs import SPECS
 from daemon.host.bulkheads import Bulkheads
 from daemon.model.interval import Interval
 

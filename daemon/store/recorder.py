@@ -28,7 +28,7 @@ from daemon.store.prometheus_history import (DEPLOY_INFO, PrometheusError, Prome
 log = logging.getLogger(__name__)
 RECORD_EVERY_S = 10.0            # one baseline point per service and metric this often
 PRUNE_EVERY_S = 3600.0
-DRIFT_METRIC = "latency_p99_seconds"
+DRIFT_METRIC = drift.METRIC      # what baselines are kept of: the drift tuner's metric
 STORE_ERRORS = (sqlite3.Error, OSError, ValueError)
 # Reading the baseline from Prometheus runs on the loop's thread, in interval time:
 PROMETHEUS_STEP_S = 60.0      # one baseline point per minute (7 days: 10 080 points, two queries)

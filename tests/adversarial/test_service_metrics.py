@@ -15,6 +15,9 @@ from daemon.collectors.service_metrics import MAX_SERIES, READ_WAIT_S, ServiceMe
 from daemon.profiles import reference
 from daemon.model.service import ServiceSpec
 from tests.conftest import ROOT
+from tuners import TUNERS
+
+TUNER_FILES = [str(module.__file__) for module in TUNERS.values()]
 
 
 def answer_with(body_of):
@@ -231,7 +234,7 @@ def test_every_suffix_the_readers_look_for_is_kept():
     "_queue_wait_seconds" passed to endswith() or to a helper) are all signals of the
     reference profile (daemon/profiles/reference.py), so none is dropped at the scrape."""
     looked_up = set()
-    for path in ("daemon/control/observations.py", "daemon/attribution/causes.py"):
+    for path in ("daemon/control/observations.py", "daemon/attribution/causes.py", *TUNER_FILES):
         calls = [node for node in ast.walk(ast.parse((ROOT / path).read_text())) if isinstance(node, ast.Call)]
         looked_up |= {arg.value for call in calls for arg in call.args if isinstance(arg, ast.Constant)
                       and isinstance(arg.value, str) and re.fullmatch(r"_[a-z0-9_]+", arg.value)}

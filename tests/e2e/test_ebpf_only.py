@@ -25,7 +25,7 @@ import redis
 
 from daemon.collectors.kernel import KernelCollector
 from daemon.config import ServiceConf
-from daemon.control.observations import Inputs, for_throttle
+from daemon.control.observations import Inputs
 from daemon.model import window
 from daemon.model.service import ServiceSpec
 from tests.actuators import real_servers
@@ -34,6 +34,7 @@ from tests.conftest import ROOT
 from tests.e2e.conftest import daemon_table
 from tests.e2e.plain_app import SLEEP_S
 from tests.probes.conftest import collected
+from tuners import throttle
 
 RATE, SNAPSHOTS = 60.0, 3     # requests/s, 3 /sleep for each /cache; a snapshot takes ~3 s (the CLI's start)
 
@@ -212,6 +213,6 @@ def test_refusals_of_an_ebpf_only_nginx_are_rejected_not_fast_answers(tmp_path, 
     assert w.errors == sum(n for status, n in logged.items() if status >= 500 and status != 503)
     assert abs(w.p(0.5) - DELAY_S) <= 0.1 * DELAY_S                  # the served /slow ones, not the refusals
     assert w.ttft.count == w.requests                                 # its first bytes too
-    seen = for_throttle(Inputs(w.end, [w], [w], ServiceConf(spec), {}, w.seconds, lambda *_: None))
+    seen = throttle.observe(Inputs(w.end, [w], [w], ServiceConf(spec), {}, w.seconds, lambda *_: None))
     assert seen.rejected_rps * w.seconds == pytest.approx(w.rejected)
     assert seen.arrival_rps * w.seconds == pytest.approx(sum(logged.values())) and seen.p99_s >= DELAY_S

@@ -158,10 +158,14 @@ def test_triton_means_from_cumulative_microsecond_counters(stand_in):
 
 
 def test_triton_batches_reach_the_batch_tuner_and_its_queue_mean_is_no_tail(stand_in):
-    from daemon.control import observations
+    from daemon.config import ServiceConf
+    from daemon.control.observations import Inputs
+    from tuners import batch
     s = one_interval("triton", stand_in(exposition.triton))
-    w = window.build(ServiceSpec("svc", port=1, profile="triton"), 1.0, 2.0, [s])
-    assert observations.batches_run([w]) == ((4, 10, pytest.approx(0.008)),)
+    spec = ServiceSpec("svc", port=1, profile="triton")
+    w = window.build(spec, 1.0, 2.0, [s])
+    inputs = Inputs(2.0, [w], [w], ServiceConf(spec), {}, 1.0, lambda *_: None)
+    assert batch.batches_run(inputs) == ((4, 10, pytest.approx(0.008)),)
 
 
 def test_envoy_milliseconds_become_seconds(stand_in):

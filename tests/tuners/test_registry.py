@@ -34,7 +34,7 @@ def test_policy_defaults_to_slotune():
 
 
 def test_unknown_tuner_is_named_with_the_valid_ones():
-    with pytest.raises(ValueError, match=r"unknown tuner 'thrttle'.*throttle, batch, sampling, breaker, drift, budget"):
+    with pytest.raises(ValueError, match=r"unknown tuner 'thrttle'.*batch, breaker, budget, continuous_batch, degrade, drift, sampling, throttle"):
         policy("thrttle")
 
 
