@@ -1,8 +1,8 @@
 /* Programs started per service: one count per successful execve() by a watched
  * task (sched:sched_process_exec, whose program in bpf/targeting.bpf.c runs for
- * every exec and calls this through hook_process_exec). A child forked by a service is watched from its
- * fork (bpf/targeting.bpf.c), so a helper the service runs per request counts
- * as the service's. */
+ * every exec and calls this, its hook there). A child forked by a service is
+ * watched from its fork (bpf/targeting.bpf.c), so a helper the service runs per
+ * request counts as the service's. */
 
 static __always_inline void exec_count(u32 old_pid)
 {

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from tuners.base import Spec
 
 DEFAULT_PATH = Path("/etc/slotune/slotune.toml")
-PROBE_FAMILIES = tuple(FAMILIES)     # every kernel probe family (daemon/collectors/kernel/families.py)
+PROBE_FAMILIES = tuple(FAMILIES)     # every kernel probe family (daemon/collectors/kernel/families/)
 ACTUATOR_KINDS = ("reference", "http-json", "file", "haproxy", "nginx", "envoy", "triton", "sglang", "litellm")
 BASELINE_SOURCES = ("local", "prometheus")
 

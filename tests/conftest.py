@@ -53,3 +53,17 @@ def redis_port(tmp_path):
     from tests.actuators import real_servers
     with real_servers.redis(tmp_path) as port:
         yield port
+
+
+def copy_of_the_tree(dest: Path) -> Path:
+    """The tree as it is (the files git tracks, as in the working tree) in dest/tree,
+    committed in a repository of its own: `git status` there says what changed since."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    archive = subprocess.run(["tar", "-c", "--null", "-T", "-", "-f", "-"], cwd=ROOT, input=files,
+                             capture_output=True, check=True).stdout
+    tree = dest / "tree"
+    tree.mkdir()
+    subprocess.run(["tar", "-x", "-f", "-"], cwd=tree, input=archive, check=True)
+    for cmd in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy"]):
+        subprocess.run(["git", *cmd], cwd=tree, check=True)
+    return tree

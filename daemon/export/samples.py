@@ -3,7 +3,7 @@ that adds every Sample's deltas into cumulative families at observe() time and
 builds real histograms (_bucket/_sum/_count on export_bounds()), counters and
 gauges at scrape time. Which signal becomes which metric is the SIGNALS table:
 the rows each collector adds with register_signals() (the kernel collector its
-probe families' signals, in collectors/kernel/families.py; the GPU collector its own)."""
+probe families' signals, in collectors/kernel/families/; the GPU collector its own)."""
 from __future__ import annotations
 
 import logging

@@ -1,24 +1,18 @@
 """docs/extending.md shows the exec family as it is: each file it quotes whole,
-its registration in families.py, and what `slotune probes` prints for it."""
+and what `slotune probes` prints for it."""
 import re
 
 from tests.conftest import ROOT, run_slotune
 
 DOC = (ROOT / "docs" / "extending.md").read_text()
 BLOCKS = re.findall(r"^```\w*\n(.*?)^```$", DOC, re.S | re.M)
-QUOTED = ("bpf/exec.bpf.c", "daemon/collectors/kernel/exec.py",
+QUOTED = ("bpf/exec.bpf.c", "daemon/collectors/kernel/families/exec.py",
           "tests/probes/test_exec.py", "tests/probes/workers/execer.py")
 
 
 def test_every_file_it_quotes_is_the_repository_s():
     for path in QUOTED:
         assert (ROOT / path).read_text() in BLOCKS, f"{path} differs from its copy in docs/extending.md"
-
-
-def test_the_registration_it_shows_is_in_families_py():
-    registration = next(b for b in BLOCKS if "FAMILIES:" in b)
-    families = (ROOT / "daemon/collectors/kernel/families.py").read_text()
-    assert all(line in families for line in registration.splitlines() if line != "...")
 
 
 def test_what_slotune_probes_prints_is_what_it_shows():

@@ -69,8 +69,16 @@ def test_a_dispatcher_calls_the_hooks_in_order_and_claiming_ones_stop():
     text = hooks.dispatchers(make_families(["tls", "http", "runqueue", "offcpu"]))
     assert text.index("http_sock_received(io, nr)") < text.index("tls_sock_received(io, nr)")
     assert "if (http_sock_received(io, nr))\n        return 1;" in text
-    assert "    runqueue_switch(s);\n    offcpu_switch(s);" in text
+    assert "    offcpu_switch(s);\n    runqueue_switch(s);" in text
     assert "exec_count" not in text and "void hook_process_exec(u32 old_pid)\n{\n}" in text   # slotune's own
+
+
+def test_a_family_that_claims_a_point_goes_first_there_whatever_its_name():
+    class Early(FAMILIES["tls"]):
+        name = "a_tls"
+    text = hooks.dispatchers([Early(), FAMILIES["http"]()])
+    assert text.index("http_sock_received(io, nr)") < text.index("tls_sock_received(io, nr)")
+    assert text.index("tls_forget(key)") < text.index("http_sock_ended(key)")     # no claims there: name order
 
 
 def test_an_unknown_hook_point_is_refused():

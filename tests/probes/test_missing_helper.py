@@ -13,7 +13,7 @@ import platform
 import pytest
 
 from daemon.collectors.kernel.helpers import Helper
-from daemon.collectors.kernel.offcpu import OffCpu
+from daemon.collectors.kernel.families.offcpu import OffCpu
 from daemon.commands import doctor
 from daemon.model.service import ServiceSpec
 from tests.probes.conftest import collected, hist
@@ -38,7 +38,7 @@ def test_the_other_families_load_and_count(offcpu_needs_unknown_helper, kernel, 
     print(said)
     assert len(said) == 1
     assert all(word in said[0] for word in ("offcpu probes", UNKNOWN.name, platform.release(), "Linux >= 99.0"))
-    assert [f.name for f in collector.program.families] == ["runqueue", "tcp", "http"]
+    assert [f.name for f in collector.program.families] == ["http", "runqueue", "tcp"]
     assert "bpf/offcpu.bpf.c ----" not in collector.program.text
     assert "offcpu_since" not in collector.program.text          # offcpu's code left out
     assert collector.attached["sched:sched_switch"]

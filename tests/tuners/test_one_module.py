@@ -5,7 +5,7 @@ nothing else in the tree changed (`git status` names only the new file)."""
 import subprocess
 import sys
 
-from tests.conftest import ROOT
+from tests.conftest import copy_of_the_tree
 
 TOY = '''"""Toy tuner: halves (by its `factor`) the setting `toy_knob` while P99 is over the SLO."""
 from __future__ import annotations
@@ -76,19 +76,6 @@ entries = loop.tick(Interval.at(1.0, {"api": [slow]}))
 print(json.dumps([[e.tuner, e.setting, e.old, e.new, e.outcome] for e in entries]))
 print(json.loads(settings.read_text())["toy_knob"])
 '''
-
-
-def copy_of_the_tree(dest):
-    """The tree as it is (tracked files, as in the working tree), committed in a new repository."""
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
-    subprocess.run(["tar", "-c", "--null", "-T", "-", "-f", "-"], cwd=ROOT, input=b"\0".join(f for f in files if f),
-                   stdout=open(dest / "tree.tar", "wb"), check=True)
-    tree = dest / "tree"
-    tree.mkdir()
-    subprocess.run(["tar", "-x", "-f", str(dest / "tree.tar")], cwd=tree, check=True)
-    for cmd in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy"]):
-        subprocess.run(["git", *cmd], cwd=tree, check=True)
-    return tree
 
 
 def test_a_toy_tuner_added_as_one_module_runs_and_changes_nothing_else(tmp_path):

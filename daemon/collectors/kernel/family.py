@@ -1,7 +1,7 @@
 """What a probe family declares: its name in the config, its bpf/<source>.bpf.c,
 the signals it produces with the metric each becomes, where it attaches, and
 its own maps that daemon.bpf_map_entries sizes. Each family module subclasses
-Family once; families.py lists them."""
+Family once; families/ finds them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -59,6 +59,7 @@ class Family:
     service_arrays: dict[str, tuple[str, int]] = {}
     maps: dict[str, Map] = {}                         # its maps sized by daemon.bpf_map_entries, by name
     hooks: tuple[tuple[str, str], ...] = ()           # (shared attach point, its C function): hooks.py
+    claims: tuple[str, ...] = ()                      # points where its hooks keep what they claim: run first
 
     @classmethod
     def attach_points(cls) -> list[str]:

@@ -2,7 +2,8 @@
 tracepoint from an object, so a family never defines the program on a shared
 point: it declares a hook there (`Family.hooks`: point -> its C function), and
 the program builder generates one dispatcher per point, `hook_<point>`, that
-calls the enabled families' hooks in FAMILIES order. The programs on the points
+calls the enabled families' hooks in FAMILIES order, those that claim what
+they keep there (`Family.claims`) first. The programs on the points
 call the dispatchers (bpf/shared.bpf.c; the exec program in
 bpf/targeting.bpf.c). No family's C names another family's, so any subset of
 families, named in any order, builds."""
@@ -19,8 +20,8 @@ class Point(NamedTuple):
     params: str          # the C parameters every hook on it takes
     args: str            # the names the dispatcher passes on
     claims: bool         # hooks return int, and the first to return nonzero ends the call (a
-                         # socket one family keeps as its own is no later family's business);
-                         # else each hook is called, and returns nothing
+                         # socket one family keeps as its own is no other's business: the
+                         # families that claim there go first); else each is called, void
     group: str           # points one set of programs calls: all generated once any is hooked
     always: bool = False  # slotune's own program calls it: generated even with no hook
 
@@ -43,12 +44,16 @@ def check(families: list[type[Family]]) -> None:
                              f"known: {', '.join(POINTS)}")
         if len(set(points)) != len(points):
             raise ValueError(f"probe family {family.name}: two hooks on one point")
+        if stray := [p for p in family.claims if p not in points or not POINTS[p].claims]:
+            raise ValueError(f"probe family {family.name}: claims on {', '.join(stray)}, where it has no hook "
+                             "or hooks cannot claim")
 
 
 def used(families: list[Family]) -> dict[str, list[str]]:
     """The points this program generates, each with its hooks' functions in order."""
     groups = {POINTS[point].group for f in families for point, _ in f.hooks}
-    return {point: [fn for f in families for p, fn in f.hooks if p == point]
+    return {point: [fn for f in sorted(families, key=lambda f: point not in f.claims)   # stable: else FAMILIES order
+                    for p, fn in f.hooks if p == point]
             for point, spec in POINTS.items() if spec.always or spec.group in groups}
 
 

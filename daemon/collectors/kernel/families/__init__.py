@@ -1,22 +1,29 @@
-"""Every probe family slotune has, in the order their programs are built and
-their signals numbered. Adding one is its module beside this file, its
-bpf/<name>.bpf.c, and one entry in FAMILIES. Their signals are registered with
-the exporter here, beside the kernel collector's own."""
+"""Every probe family slotune has: each is one module in this package (its Family
+subclass) and its C, bpf/<source>.bpf.c; FAMILIES finds them, in name order, the
+order their programs are built in and their signals numbered. Their signals are
+registered with the exporter here, beside the kernel collector's own."""
 from __future__ import annotations
 
-from daemon.collectors.kernel.exec import Exec
+import importlib
+import inspect
+import pkgutil
+
 from daemon.collectors.kernel import hooks
 from daemon.collectors.kernel.family import Family
-from daemon.collectors.kernel.http import Http
-from daemon.collectors.kernel.offcpu import OffCpu
-from daemon.collectors.kernel.runqueue import RunQueue
-from daemon.collectors.kernel.tcp import Tcp
-from daemon.collectors.kernel.tls import Tls
 from daemon.export.samples import register_signals
 
-# The order is the order of their C and of their hooks on a shared point (hooks.py):
-# http's claims the sockets it keeps as HTTP/1.x connections before tls's looks.
-FAMILIES: dict[str, type[Family]] = {f.name: f for f in (RunQueue, OffCpu, Tcp, Http, Tls, Exec)}
+
+def _found() -> list[type[Family]]:
+    """The Family subclasses the modules of this package define."""
+    out = []
+    for module in pkgutil.iter_modules(__path__):
+        loaded = importlib.import_module(f"{__name__}.{module.name}")
+        out += [c for _, c in inspect.getmembers(loaded, inspect.isclass)
+                if issubclass(c, Family) and c is not Family and c.__module__ == loaded.__name__]
+    return out
+
+
+FAMILIES: dict[str, type[Family]] = {f.name: f for f in sorted(_found(), key=lambda f: f.name)}
 hooks.check(list(FAMILIES.values()))
 
 register_signals({s.name: (s.metric, s.label, s.kind, s.help) for f in FAMILIES.values() for s in f.signals})

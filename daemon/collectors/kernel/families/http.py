@@ -52,6 +52,7 @@ class Http(Family):
     raw_tracepoints = sockets.POINTS   # shared with the tls family (hooks.py)
     hooks = (("sock_received", "http_sock_received"), ("sock_sent", "http_sock_sent"),
              ("sock_ended", "http_sock_ended"))
+    claims = ("sock_received", "sock_sent")   # a socket it keeps as an HTTP/1.x connection is its alone
     helpers = PT_REGS                  # where a read's or a write's bytes are: the syscall's registers
     defines = {"HTTP_SERVICE_IDS": SERVICE_IDS, "HTTP_CLASS_SLOTS": CLASS_SLOTS,
                "HTTP_UNTIMED_PATHS": UNTIMED_PATHS, **REFUSED}
