@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 import os
 import re
-import signal
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from daemon.actuators import ACTUATORS, Control
 from daemon.collectors.kernel.families import FAMILIES
 from daemon.collectors.kernel.program import MAP_ENTRIES, MAP_ENTRIES_RANGE
 from daemon.model.histogram import BUCKETS_PER_OCTAVE
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 
 DEFAULT_PATH = Path("/etc/slotune/slotune.toml")
 PROBE_FAMILIES = tuple(FAMILIES)     # every kernel probe family (daemon/collectors/kernel/families/)
-ACTUATOR_KINDS = ("reference", "http-json", "file", "haproxy", "nginx", "envoy", "triton", "sglang", "litellm")
 BASELINE_SOURCES = ("local", "prometheus")
 
 
@@ -40,23 +39,6 @@ class Bounds:
     max_step: float
     integer: bool = False    # pushed as a whole number (batch sizes, limits)
     in_force: float | None = None   # a restart-only setting's value as started (it cannot be read back)
-
-
-@dataclass(frozen=True)
-class Control:
-    kind: str
-    url: str = ""
-    token_file: str = ""
-    method: str = "PATCH"
-    path: str = ""          # file actuator: the settings file; nginx: the include file slotune owns
-    pid_file: str = ""      # file actuator: process to signal after a write
-    signal: str = ""
-    address: str = ""       # haproxy: its stats socket, a Unix socket path or HOST:PORT
-    conf: str = ""          # nginx: the main config file (validated with `nginx -t -c`)
-    binary: str = "/usr/sbin/nginx"   # nginx: the executable that validates and reloads
-    model: str = ""         # triton: the model whose config is loaded with the changes
-    key_file: str = ""      # litellm: a file holding the virtual key whose limits are tuned
-    targets: dict[str, str] = field(default_factory=dict)   # setting -> what it is on the service
 
 
 @dataclass(frozen=True)
@@ -125,12 +107,6 @@ class Config:
     def exporter_host_port(self) -> tuple[str, int]:
         host, _, port = self.exporter_address.rpartition(":")
         return host or "127.0.0.1", int(port)
-
-
-def signal_number(name: str) -> int | None:
-    """HUP, SIGHUP, hup -> signal.SIGHUP; None when there is no such signal."""
-    found = getattr(signal, "SIG" + name.upper().removeprefix("SIG"), None)
-    return int(found) if isinstance(found, signal.Signals) else None
 
 
 class _Reader:
@@ -282,7 +258,8 @@ def _admission(file, svc: ServiceConf, services: dict[str, ServiceConf]) -> None
             raise ConfigError(file, f"services.{svc.name}.settings.{name}", f"{proxy.name} (profile "
                               f"{profile.name}, control kind {proxy.control.kind}) has no live {name}; "
                               f"admission_by needs a proxy that can take it")
-        if proxy.control.kind in NEEDS and "targets" in NEEDS[proxy.control.kind] and name not in proxy.control.targets:
+        if proxy.control.kind in ACTUATORS and ACTUATORS[proxy.control.kind].TARGETS is not None \
+                and ACTUATORS[proxy.control.kind].TARGETS.required and name not in proxy.control.targets:
             raise ConfigError(file, f"services.{proxy.name}.control.targets.{name}", f"missing: {svc.name}'s "
                               f"throttle pushes {name} through {proxy.name}; name it there, e.g. \"{s.target}\"")
 
@@ -314,45 +291,39 @@ def _peers(file, r: _Reader) -> dict[int, str]:
 
 
 def _control(file, r: _Reader) -> Control:
-    kind = r.get("kind", str, choices=ACTUATOR_KINDS)
+    """[control]: its kind, and the keys and targets table that kind's actuator declares
+    (daemon/actuators/<kind>.py OPTIONS, TARGETS)."""
+    kind = r.get("kind", str, choices=tuple(ACTUATORS))
     if kind is None:
-        raise ConfigError(file, r.key("kind"), f"missing; one of {', '.join(ACTUATOR_KINDS)}")
-    control = Control(kind=kind, url=r.get("url", str, ""), token_file=r.get("token_file", str, ""),
-                      method=r.get("method", str, "PATCH", choices=("PATCH", "POST", "PUT")),
-                      path=r.get("path", str, ""), pid_file=r.get("pid_file", str, ""),
-                      signal=r.get("signal", str, ""), address=r.get("address", str, ""),
-                      conf=r.get("conf", str, ""), binary=r.get("binary", str, Control.binary, nonempty=True),
-                      model=r.get("model", str, ""), key_file=r.get("key_file", str, ""),
-                      targets=_targets(file, kind, r.table_of("targets")))
-    if kind in URL_KINDS and not control.url.startswith(("http://", "https://")):
-        raise ConfigError(file, r.key("url"), f"the {kind} actuator needs an http(s) URL")
-    for key, why in NEEDS.get(kind, {}).items():
-        if not getattr(control, key):
-            raise ConfigError(file, r.key(key), f"missing: the {kind} actuator needs {why}")
-    if control.signal and signal_number(control.signal) is None:
-        raise ConfigError(file, r.key("signal"), f"unknown signal {control.signal!r}; use e.g. HUP or USR1")
-    r.done()
-    return control
-
-
-URL_KINDS = ("reference", "http-json", "envoy", "triton", "sglang", "litellm")
-NEEDS = {   # actuator kind -> the [control] keys it cannot go without, and what each is
-    "file": {"path": "the settings file path"},
-    "haproxy": {"address": "the stats socket (a Unix path or HOST:PORT, at level admin)",
-                "targets": 'a [control.targets] table, e.g. concurrency_limit = "maxconn server BACKEND/SERVER"'},
-    "nginx": {"path": "the include file slotune owns", "conf": "the main nginx.conf that includes it",
-              "targets": 'a [control.targets] table, e.g. concurrency_limit = "limit_conn perserver {}"'},
-    "triton": {"model": "the model's name in Triton's repository"},
-    "litellm": {"key_file": "the file that holds the virtual key (sk-...) whose limits are tuned"},
-}
+        raise ConfigError(file, r.key("kind"), f"missing; one of {', '.join(ACTUATORS)}")
+    actuator = ACTUATORS[kind]
+    options = {}
+    for name, o in actuator.OPTIONS.items():
+        value = r.get(name, str, o.default, choices=o.choices or None)
+        if o.required and not value:
+            raise ConfigError(file, r.key(name), f"missing: the {kind} actuator needs {o.what}")
+        if value and o.check and (why := o.check(value)):
+            raise ConfigError(file, r.key(name), f"the {kind} actuator {why}" if why.startswith("needs") else why)
+        options[name] = value
+    targets = _targets(file, kind, r.table_of("targets"))
+    if actuator.TARGETS is not None and actuator.TARGETS.required and not targets:
+        raise ConfigError(file, r.key("targets"), f"missing: the {kind} actuator needs a [control.targets] table, "
+                                                  f"e.g. {actuator.TARGETS.example}")
+    if r.table:
+        raise ConfigError(file, r.key(sorted(r.table)[0]), f"unknown key; the {kind} actuator takes kind, "
+                                                           f"{', '.join(actuator.OPTIONS)}" +
+                          (", targets" if actuator.TARGETS is not None else ""))
+    return Control(kind, options, targets)
 
 
 def _targets(file, kind: str, r: _Reader) -> dict[str, str]:
     """[control.targets]: setting -> the name or command it has on the service, checked by its actuator."""
+    if r.table and ACTUATORS[kind].TARGETS is None:
+        raise ConfigError(file, r.key(next(iter(r.table))), f"the {kind} actuator takes no [control.targets] table")
     out = {}
     for setting in list(r.table):
         target = r.get(setting, str, nonempty=True)
-        if (why := profiles.target_error(kind, target)) is not None:
+        if (why := ACTUATORS[kind].target_error(target)) is not None:
             raise ConfigError(file, r.key(setting), why)
         out[setting] = target
     return out

@@ -21,7 +21,7 @@ from daemon.collectors.gpu.collector import NvmlCollector
 from daemon.collectors.kernel.collector import RESCAN_S, KernelCollector
 from daemon.collectors.kernel.targeting import Targeting
 from daemon.collectors.service_metrics import ServiceMetricsCollector
-from daemon.control.actuators import for_control
+from daemon.actuators import for_control
 from daemon.store.audit import AuditLog
 from daemon.control.guard_state import GuardFile
 from daemon.control.loop import ControlLoop

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 from daemon import config
-from daemon.control.actuators.file import FileActuator
-from daemon.control.actuators.http_json import HttpJsonActuator
+from daemon.actuators.file import FileActuator
+from daemon.actuators.http_json import HttpJsonActuator
 from daemon.store.audit import AuditLog, Entry, Outcome
-from daemon.config import Bounds, Config, Control, ServiceConf, TunerConf
+from daemon.actuators import Control
+from daemon.config import Bounds, Config, ServiceConf, TunerConf
 from daemon.model.interval import Interval
 from daemon.control.loop import ControlLoop, guarded
 from daemon.model.histogram import Histogram
@@ -28,7 +29,7 @@ def window(t, p99_s, n=100, service="api"):
 
 def service_conf(path, policy="whitepaper", max_step=50.0):
     return ServiceConf(ServiceSpec("api", cmdline="api", slo_p99_s=SLO),
-                       control=Control("file", path=str(path)),
+                       control=Control("file", {"path": str(path), "pid_file": "", "signal": ""}),
                        tuners=(TunerConf("throttle", policy, 1.0),),
                        settings={"rate_limit_rps": Bounds(10.0, 1000.0, max_step)})
 
@@ -196,11 +197,11 @@ def test_a_dry_run_reads_the_settings_in_force_every_refresh_s(tmp_path):
 
 def test_control_surface_down_means_observe_only_with_back_off():
     conf = ServiceConf(ServiceSpec("api", cmdline="api", slo_p99_s=SLO),
-                       control=Control("reference", url="http://127.0.0.1:1/admin/config"),
+                       control=Control("reference", {"url": "http://127.0.0.1:1/admin/config", "token_file": "", "method": "PATCH"}),
                        tuners=(TunerConf("throttle", "whitepaper", 1.0),),
                        settings={"rate_limit_rps": Bounds(10.0, 1000.0, 50.0)})
     control = ControlLoop(Config(path="t", services=(conf,)),
-                          {"api": HttpJsonActuator(conf.control.url, settings_key="settings")},
+                          {"api": HttpJsonActuator(conf.control.options["url"], settings_key="settings")},
                           AuditLog(None), dry_run=False)
     assert control.tick(Interval.at(1.0, {"api": [window(1.0, 0.5)]})) == []
     sc = control.services["api"]

@@ -79,7 +79,7 @@ def test_discover_lists_each_with_its_profile_and_writes_a_config_that_loads(tmp
     assert set(by_port) == {lb.port, stats_port, web.port, inference_port, redis_port}
     assert {s.spec.slo_p99_s for s in cfg.services} == {0.75}
     front = next(s for s in cfg.services if s.spec.port == lb.port)   # tuned as its own haproxy.cfg says
-    assert (front.control.kind, front.control.address) == ("haproxy", lb.socket)
+    assert (front.control.kind, front.control.options["address"]) == ("haproxy", lb.socket)
     assert front.control.targets == {"concurrency_limit": "maxconn server be_app/app"}
     assert [t.name for t in front.tuners] == ["throttle"] and front.spec.metrics_url == lb.metrics_url
     assert front.settings["concurrency_limit"].max == 64 and front.settings["concurrency_limit"].integer
@@ -212,7 +212,7 @@ def test_a_stats_socket_below_level_admin_is_written_with_a_comment(tmp_path):
         18091, 0, 1, "haproxy", "", profile="haproxy", name="front", admission=admission))
     assert "# its stats socket is at level operator: `set maxconn` needs level admin" in text
     service = loaded.services[0]
-    assert (service.control.address, service.control.targets) == \
+    assert (service.control.options["address"], service.control.targets) == \
         (f"{tmp_path}/ops.sock", {"concurrency_limit": "maxconn frontend fe_many"})
     assert (service.settings["concurrency_limit"].max, service.spec.slo_p99_s) == (300, 0.8)
 

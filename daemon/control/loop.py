@@ -22,7 +22,7 @@ from tuners.base import Alert
 
 from daemon.config import Bounds, Config, ServiceConf
 from daemon.control import observations
-from daemon.control.actuators import Actuator, ActuatorError, plain
+from daemon.actuators import Actuator, ActuatorError, plain
 from daemon.store.audit import AuditError, AuditLog, Entry, Outcome
 from daemon.control.guard_state import GuardState
 from daemon.control.tuner_specs import SPECS

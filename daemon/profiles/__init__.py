@@ -244,15 +244,3 @@ def get(name: str) -> Profile:
 
 def every() -> list[Profile]:
     return [get(n) for n in NAMES]
-
-
-# the actuator kinds that push to one product: each has a profile here, whose module has
-# target_error(target), and an actuator of that name in daemon/control/actuators/
-SURFACES = ("haproxy", "nginx", "envoy", "triton", "sglang", "litellm")
-
-
-def target_error(kind: str, target: str) -> str | None:
-    """Why target cannot be what a setting is on a service of this actuator kind, or None."""
-    if kind not in SURFACES:
-        return f"the {kind} actuator takes no [control.targets] table"
-    return importlib.import_module(f"daemon.profiles.{kind}").target_error(target)

@@ -5,8 +5,8 @@ POST /runtime_modify takes the keys as query parameters and answers "OK\\n"
 "entries": {key: {"final_value": "...", "layer_values": [...]}}}."""
 import pytest
 
-from daemon.control.actuators import ActuatorError
-from daemon.control.actuators.envoy import EnvoyActuator
+from daemon.actuators import ActuatorError
+from daemon.actuators.envoy import EnvoyActuator
 from daemon.profiles.envoy import target_error
 from tests.actuators.conftest import Answer
 

@@ -5,8 +5,8 @@ input, and nothing left half-applied."""
 import pytest
 
 from daemon.config import ConfigError, load
-from daemon.control.actuators import ActuatorError, for_control
-from daemon.control.actuators.haproxy import HaproxyActuator
+from daemon.actuators import ActuatorError, for_control
+from daemon.actuators.haproxy import HaproxyActuator
 from tests.actuators.real_servers import haproxy
 
 TARGETS = {"concurrency_limit": "maxconn server be_app/app", "frontend_limit": "maxconn frontend fe_main",

@@ -3,11 +3,11 @@ what its kind needs or names a target the kind cannot push, by key."""
 import pytest
 
 from daemon.config import ConfigError, load
-from daemon.control.actuators import for_control
-from daemon.control.actuators.envoy import EnvoyActuator
-from daemon.control.actuators.litellm import LitellmActuator
-from daemon.control.actuators.sglang import SglangActuator
-from daemon.control.actuators.triton import TritonActuator
+from daemon.actuators import for_control
+from daemon.actuators.envoy import EnvoyActuator
+from daemon.actuators.litellm import LitellmActuator
+from daemon.actuators.sglang import SglangActuator
+from daemon.actuators.triton import TritonActuator
 
 
 def _load(tmp_path, control: str):

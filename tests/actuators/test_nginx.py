@@ -10,8 +10,8 @@ import time
 import pytest
 
 from daemon.config import ConfigError, load
-from daemon.control.actuators import ActuatorError
-from daemon.control.actuators.nginx import NginxActuator, _boot_ticks, workers
+from daemon.actuators import ActuatorError
+from daemon.actuators.nginx import NginxActuator, _boot_ticks, workers
 from daemon.profiles.nginx import target_error
 from tests.actuators.real_servers import nginx
 
@@ -87,7 +87,7 @@ def _config(tmp_path, control: str):
 def test_config_refuses_an_nginx_control_without_what_it_needs(tmp_path):
     targets = '[services.web.control.targets]\nconcurrency_limit = "limit_conn perserver {}"'
     ok = f'kind = "nginx"\npath = "/etc/nginx/slotune.conf"\nconf = "/etc/nginx/nginx.conf"\n{targets}'
-    assert load(_config(tmp_path, ok)).service("web").control.binary == "/usr/sbin/nginx"
+    assert load(_config(tmp_path, ok)).service("web").control.options["binary"] == "/usr/sbin/nginx"
     for text, key in [(f'kind = "nginx"\nconf = "/c"\n{targets}', "path"),
                       (f'kind = "nginx"\npath = "/p"\n{targets}', "conf"),
                       ('kind = "nginx"\npath = "/p"\nconf = "/c"', "targets")]:

@@ -17,15 +17,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daemon.control.actuators import ActuatorError, haproxy, http_json
-from daemon.control.actuators.envoy import EnvoyActuator
-from daemon.control.actuators.file import FileActuator
-from daemon.control.actuators.haproxy import HaproxyActuator
-from daemon.control.actuators.http_json import HttpJsonActuator
-from daemon.control.actuators.litellm import LitellmActuator
-from daemon.control.actuators.nginx import NginxActuator
-from daemon.control.actuators.sglang import SglangActuator
-from daemon.control.actuators.triton import TritonActuator
+from daemon.actuators import ActuatorError, haproxy, http_json
+from daemon.actuators.envoy import EnvoyActuator
+from daemon.actuators.file import FileActuator
+from daemon.actuators.haproxy import HaproxyActuator
+from daemon.actuators.http_json import HttpJsonActuator
+from daemon.actuators.litellm import LitellmActuator
+from daemon.actuators.nginx import NginxActuator
+from daemon.actuators.sglang import SglangActuator
+from daemon.actuators.triton import TritonActuator
 from tests.adversarial.answers import ANSWERS, FUZZ
 from tests.adversarial.conftest import Scripted, reply
 

@@ -14,7 +14,7 @@ from prometheus_client import generate_latest
 
 from daemon import config
 from daemon.collectors.service_metrics import ServiceMetricsCollector
-from daemon.control.actuators.http_json import HttpJsonActuator
+from daemon.actuators.http_json import HttpJsonActuator
 from daemon.store.audit import AuditLog, Outcome
 from daemon.control.loop import ControlLoop
 from daemon.host.bulkheads import Bulkheads

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from daemon import config
-from daemon.control.actuators.http_json import HttpJsonActuator
+from daemon.actuators.http_json import HttpJsonActuator
 from daemon.store.audit import AuditLog, Outcome
 from daemon.control.guard_state import GuardFile
 from daemon.control.loop import ControlLoop
@@ -47,7 +47,7 @@ def budget_loop(tmp_path, double, audit_path=None):
         'kind = "file"\npath = "unused"', f'kind = "http-json"\nurl = "http://127.0.0.1:{double.port}/admin/config"'))
     cfg = config.load(tmp_path / "slotune.toml")
     audit = AuditLog(audit_path or tmp_path / "audit.jsonl")
-    actuator = HttpJsonActuator(cfg.service("gateway").control.url)
+    actuator = HttpJsonActuator(cfg.service("gateway").control.options["url"])
     return ControlLoop(cfg, {"gateway": actuator}, audit, False), audit
 
 
@@ -55,7 +55,7 @@ def rate_loop(tmp_path, double, bound=1000.0, guards=None):
     (tmp_path / "slotune.toml").write_text(RATE_TOML.format(url=f"http://127.0.0.1:{double.port}/admin/config",
                                                             max=bound))
     cfg = config.load(tmp_path / "slotune.toml")
-    actuator = HttpJsonActuator(cfg.service("api").control.url)
+    actuator = HttpJsonActuator(cfg.service("api").control.options["url"])
     return ControlLoop(cfg, {"api": actuator}, AuditLog(tmp_path / "audit.jsonl"), False, guards=guards)
 
 
@@ -182,7 +182,7 @@ def test_small_steps_on_a_whole_number_setting_still_add_up(tmp_path, double):
         "min = 10\nmax = 1000\nmax_step = 1000", "min = 1\nmax = 1000\nmax_step = 1000\ninteger = true"))
     cfg = config.load(tmp_path / "slotune.toml")
     double.settings["rate_limit_rps"] = 3.0
-    control = ControlLoop(cfg, {"api": HttpJsonActuator(cfg.service("api").control.url)},
+    control = ControlLoop(cfg, {"api": HttpJsonActuator(cfg.service("api").control.options["url"])},
                           AuditLog(tmp_path / "audit.jsonl"), False)
     history = []
     for t in range(1, 6):

@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from daemon.control.actuators import ActuatorError, file as file_actuator
-from daemon.control.actuators.file import FileActuator
+from daemon.actuators import ActuatorError, file as file_actuator
+from daemon.actuators.file import FileActuator
 from daemon.host import safe_files
 
 OTHERS = {"rate_limit_rps": 100}

@@ -15,8 +15,8 @@ import uuid
 import pytest
 
 from daemon import config
-from daemon.control.actuators import ActuatorError
-from daemon.control.actuators.file import FileActuator
+from daemon.actuators import ActuatorError
+from daemon.actuators.file import FileActuator
 from daemon.process import Daemon
 
 # The service: a parent and a forked child that notes each SIGHUP and writes its pid file when ready.

@@ -12,9 +12,10 @@ import sys
 
 import pytest
 
-from daemon.config import Bounds, Config, Control, ServiceConf, TunerConf
-from daemon.control.actuators import ActuatorError
-from daemon.control.actuators.http_json import HttpJsonActuator
+from daemon.actuators import Control
+from daemon.config import Bounds, Config, ServiceConf, TunerConf
+from daemon.actuators import ActuatorError
+from daemon.actuators.http_json import HttpJsonActuator
 from daemon.store.audit import AuditLog
 from daemon.model.interval import Interval
 from daemon.control.loop import ControlLoop
@@ -118,7 +119,7 @@ def test_a_server_that_echoes_the_token_does_not_get_it_into_errors_logs_or_the_
         serve, token_file, tmp_path, caplog):
     server = serve(echo_token)
     conf = ServiceConf(ServiceSpec("api", cmdline="api", slo_p99_s=0.2),
-                       control=Control("reference", url=server.url, token_file=str(token_file)),
+                       control=Control("reference", {"url": server.url, "token_file": str(token_file), "method": "PATCH"}),
                        tuners=(TunerConf("throttle", "whitepaper", 1.0),),
                        settings={"rate_limit_rps": Bounds(10.0, 1000.0, 50.0)})
     audit = AuditLog(tmp_path / "audit.jsonl")

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from daemon import config
+from daemon.actuators import ACTUATORS
 from daemon.collectors.service_metrics import ServiceMetricsCollector
-from daemon.control.actuators.file import FileActuator
+from daemon.actuators.file import FileActuator
 from daemon.store.audit import AuditLog, Outcome
 from daemon.control.loop import ControlLoop
 from daemon.model import window
@@ -412,7 +413,7 @@ def test_admission_at_haproxy_needs_its_target_there(tmp_path):
 
 def test_the_throttle_of_an_engine_lands_on_the_real_haproxy_in_front(tmp_path, haproxy):
     """vLLM's observations, HAProxy's maxconn: read back from HAProxy's own `show stat`."""
-    from daemon.control.actuators import for_control
+    from daemon.actuators import for_control
     cfg = load(tmp_path, '[services.llm]\nport = 8000\nprofile = "vllm"\nadmission_by = "front"\nslo_p99_ms = 200.0\n'
                          '[services.llm.tuners.throttle]\npolicy = "slotune"\ninterval_s = 1.0\n'
                          "[services.llm.settings.concurrency_limit]\nmin = 1\nmax = 64\nmax_step = 8\ninteger = true\n"
@@ -441,15 +442,15 @@ def test_every_profile_cites_its_page_and_is_in_the_targets_table():
 def test_every_live_setting_names_an_actuator_that_takes_its_target():
     """The profiles' declarations and the actuators' forms agree (placeholders filled as a user would)."""
     from daemon import profiles
-    from daemon.profiles import target_error
     filled = {"BACKEND/SERVER": "be_app/app", "ZONE": "perserver", "CLUSTER": "vllm"}
     for p in profiles.every():
         for s in p.settings or ():
             if not s.live:
                 assert s.kind == "", (p.name, s.name)
                 continue
-            assert s.kind in config.ACTUATOR_KINDS, (p.name, s.name, s.kind)
+            assert s.kind in ACTUATORS, (p.name, s.name, s.kind)
             target = s.target
             for placeholder, name in filled.items():
                 target = target.replace(placeholder, name)
-            assert target_error(s.kind, target) is None, (p.name, s.name, target_error(s.kind, target))
+            why = ACTUATORS[s.kind].target_error(target) if ACTUATORS[s.kind].TARGETS else "takes no targets"
+            assert why is None, (p.name, s.name, why)

@@ -9,7 +9,7 @@ import random
 import numpy as np
 
 from daemon import config
-from daemon.control.actuators import for_control
+from daemon.actuators import for_control
 from daemon.store.audit import AuditLog, Outcome
 from daemon.control.loop import ControlLoop
 from daemon.model.histogram import Histogram

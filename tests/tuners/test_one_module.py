@@ -45,7 +45,7 @@ import json, sys
 import numpy as np
 from pathlib import Path
 from daemon import config
-from daemon.control.actuators.file import FileActuator
+from daemon.actuators.file import FileActuator
 from daemon.control.loop import ControlLoop
 from daemon.model.histogram import Histogram
 from daemon.model.interval import Interval

@@ -17,10 +17,10 @@ import re
 import subprocess
 import time
 
-from daemon.config import Control
-from daemon.control.actuators import ActuatorError, plain, read_back
+from daemon.actuators import ActuatorError, Control, Option, Targets, plain, read_back
 from daemon.host.proc_clock import CLOCK_TICKS, uptime_s
 from daemon.host.safe_files import read_regular, replace_file
+from daemon.profiles.nginx import target_error as target_error
 
 INCLUDE_MAX_BYTES = 1 << 16
 PID_FILE_MAX_BYTES = 64
@@ -35,8 +35,18 @@ def directive_line(target: str) -> re.Pattern:
     return re.compile(r"^([ \t]*" + re.escape(before) + ")" + NUMBER + "(" + re.escape(after) + r"[ \t]*;)", re.M)
 
 
-def from_control(control: Control) -> "NginxActuator":
-    return NginxActuator(control.path, control.conf, control.targets, control.binary, control.pid_file)
+KIND = "nginx"
+OPTIONS = {"path": Option("the include file slotune owns", required=True),
+           "conf": Option("the main nginx.conf that includes it", required=True),
+           "binary": Option("the nginx executable that validates and reloads", default="/usr/sbin/nginx",
+                            check=lambda v: None if v.strip() else "must not be empty"),
+           "pid_file": Option("nginx's pid file (else its master is found by its command line)")}
+TARGETS = Targets('concurrency_limit = "limit_conn perserver {}"', required=True)
+
+
+def from_control(control: Control, owns=None) -> "NginxActuator":
+    o = control.options
+    return NginxActuator(o["path"], o["conf"], control.targets, o["binary"], o["pid_file"])
 
 
 class NginxActuator:

@@ -1,15 +1,22 @@
-"""Actuators push a service's new settings through its own control surface.
-Each reads the current values and pushes a change as one all-or-nothing call;
-failures raise ActuatorError so the control loop can back off and retry."""
+"""Actuators push a service's new settings through its own control surface. Each
+is one module here that declares all of itself: KIND (its [control] kind), OPTIONS
+(the [control] keys it takes, each with what it is; the config checks them),
+TARGETS (whether it takes a [control.targets] table of setting -> what the
+setting is on the service, and target_error() to check one), and
+from_control(control, owns) -> the actuator. Each reads the current values and
+pushes a change as one all-or-nothing call (verified()); failures raise
+ActuatorError so the control loop can back off and retry. ACTUATORS finds every
+module here with a KIND."""
 from __future__ import annotations
 
 import importlib
 import math
+import pkgutil
+from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Callable, Protocol
 
-from daemon.config import Control
 from daemon.model.errors import ActuatorError as ActuatorError
-from daemon.profiles import SURFACES
 
 
 class Actuator(Protocol):
@@ -18,21 +25,41 @@ class Actuator(Protocol):
     def push(self, changes: dict[str, float]) -> None: ...
 
 
+@dataclass(frozen=True)
+class Option:
+    """One [control] key an actuator takes: what it is (said when it is missing), its
+    default, its choices, and check(value) -> why it cannot be, or None."""
+    what: str
+    required: bool = False
+    default: str = ""
+    choices: tuple[str, ...] = ()
+    check: Callable[[str], str | None] | None = None
+
+
+@dataclass(frozen=True)
+class Targets:
+    """An actuator's [control.targets] table: an example of one entry, and whether it needs one."""
+    example: str
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class Control:
+    """A service's [control] table: its actuator's kind, the keys that kind declares
+    (every one, defaults filled in), and its targets."""
+    kind: str
+    options: dict[str, str] = field(default_factory=dict)
+    targets: dict[str, str] = field(default_factory=dict)   # setting -> what it is on the service
+
+
+def http_url(value: str) -> str | None:
+    """An Option check: an http(s) URL."""
+    return None if value.startswith(("http://", "https://")) else "needs an http(s) URL"
+
+
 def for_control(control: Control, owns: Callable[[int], bool] | None = None) -> Actuator:
-    """owns(pid): whether pid is one of the service's own processes (the only ones a file actuator signals)."""
-    from daemon.control.actuators.file import FileActuator
-    from daemon.control.actuators.http_json import HttpJsonActuator
-    if control.kind == "file":
-        return FileActuator(control.path, control.pid_file, control.signal, owns)
-    if control.kind in SURFACES:
-        return _surface(control.kind).from_control(control)
-    return HttpJsonActuator(control.url, control.token_file, control.method,
-                            settings_key="settings" if control.kind == "reference" else "")
-
-
-def _surface(kind: str):
-    """The module of that name here, which has from_control(Control)."""
-    return importlib.import_module(f"daemon.control.actuators.{kind}")
+    """owns(pid): whether pid is one of the service's own processes (the only ones an actuator signals)."""
+    return ACTUATORS[control.kind].from_control(control, owns)
 
 
 def on_service(changes: dict[str, float], targets: dict[str, str]) -> dict[str, float]:
@@ -102,3 +129,16 @@ def _json_kind(value: object) -> str:
 def plain(value: float) -> float | int:
     """Whole numbers go out as JSON integers (batch sizes, limits)."""
     return int(value) if float(value).is_integer() else value
+
+
+def _found() -> dict[str, ModuleType]:
+    """Every module here that declares a KIND, by kind."""
+    out = {}
+    for module in pkgutil.iter_modules(__path__):
+        loaded = importlib.import_module(f"{__name__}.{module.name}")
+        if hasattr(loaded, "KIND"):
+            out[loaded.KIND] = loaded
+    return dict(sorted(out.items()))
+
+
+ACTUATORS: dict[str, ModuleType] = _found()

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from daemon.config import Control
-from daemon.control.actuators import ActuatorError, as_settings, numeric_settings, on_service, plain, verified
-from daemon.control.actuators.http_json import call_json
+from daemon.actuators import (ActuatorError, Control, Option, Targets, as_settings, http_url, numeric_settings,
+                              on_service, plain, verified)
+from daemon.actuators.http_json import call_json
 from daemon.host.safe_files import read_token
 from daemon.profiles.litellm import LIMITS
+from daemon.profiles.litellm import target_error as target_error
 
 PER_MINUTE = ("rpm_limit", "tpm_limit")
 
@@ -30,8 +31,16 @@ def _setting(limit: str, value: float) -> float:
     return value / 60 if limit in PER_MINUTE else value
 
 
-def from_control(control: Control) -> "LitellmActuator":
-    return LitellmActuator(control.url, control.key_file, control.targets, control.token_file)
+KIND = "litellm"
+OPTIONS = {"url": Option("an http(s) URL: the proxy", required=True, check=http_url),
+           "key_file": Option("the file that holds the virtual key (sk-...) whose limits are tuned", required=True),
+           "token_file": Option("a file holding its master key")}
+TARGETS = Targets('rate_limit_rps = "rpm_limit"')
+
+
+def from_control(control: Control, owns=None) -> "LitellmActuator":
+    o = control.options
+    return LitellmActuator(o["url"], o["key_file"], control.targets, o["token_file"])
 
 
 class LitellmActuator:

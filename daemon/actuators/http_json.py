@@ -9,13 +9,24 @@ from __future__ import annotations
 import http.client
 import json
 
-from daemon.control.actuators import ActuatorError, numeric_settings, plain
+from daemon.actuators import ActuatorError, Control, Option, http_url, numeric_settings, plain
 from daemon.host.safe_files import read_token
 from daemon.host.http_exchange import TooLarge, exchange
 from daemon.host.untrusted import Untrusted, json_value
 
 MAX_ANSWER_BYTES = 1 << 20
 DETAIL_CHARS = 200      # of an error answer, quoted in the message
+
+KIND = "http-json"
+OPTIONS = {"url": Option("an http(s) URL: its settings endpoint", required=True, check=http_url),
+           "token_file": Option("a file holding its bearer token"),
+           "method": Option("the method that pushes a change", default="PATCH", choices=("PATCH", "POST", "PUT"))}
+TARGETS = None
+
+
+def from_control(control: Control, owns=None) -> "HttpJsonActuator":
+    o = control.options
+    return HttpJsonActuator(o["url"], o["token_file"], o["method"])
 
 
 class HttpJsonActuator:

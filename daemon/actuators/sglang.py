@@ -9,13 +9,20 @@ sgl-project/sglang python/sglang/srt/entrypoints/http_server.py (set_internal_st
 get_server_info); which keys are live depends on the server's version."""
 from __future__ import annotations
 
-from daemon.config import Control
-from daemon.control.actuators import ActuatorError, as_settings, numeric_settings, on_service, plain, verified
-from daemon.control.actuators.http_json import call_json
+from daemon.actuators import (ActuatorError, Control, Option, Targets, as_settings, http_url, numeric_settings,
+                              on_service, plain, verified)
+from daemon.actuators.http_json import call_json
+from daemon.profiles.sglang import target_error as target_error
 
 
-def from_control(control: Control) -> "SglangActuator":
-    return SglangActuator(control.url, control.targets, control.token_file)
+KIND = "sglang"
+OPTIONS = {"url": Option("an http(s) URL: its server", required=True, check=http_url),
+           "token_file": Option("a file holding its API key")}
+TARGETS = Targets('max_running_requests = "max_running_requests"')
+
+
+def from_control(control: Control, owns=None) -> "SglangActuator":
+    return SglangActuator(control.options["url"], control.targets, control.options["token_file"])
 
 
 class SglangActuator:

@@ -12,13 +12,34 @@ import signal as signals
 from pathlib import Path
 from typing import Callable
 
-from daemon.config import signal_number
-from daemon.control.actuators import ActuatorError, numeric_settings, plain
+from daemon.actuators import ActuatorError, Control, Option, numeric_settings, plain
 from daemon.host.safe_files import read_regular, replace_file
 from daemon.host.untrusted import Untrusted, json_value
 
 SETTINGS_MAX_BYTES = 1 << 20
 PID_FILE_MAX_BYTES = 64
+
+
+def signal_number(name: str) -> int | None:
+    """HUP, SIGHUP, hup -> signal.SIGHUP; None when there is no such signal."""
+    found = getattr(signals, "SIG" + name.upper().removeprefix("SIG"), None)
+    return int(found) if isinstance(found, signals.Signals) else None
+
+
+def _signal_error(name: str) -> str | None:
+    return None if signal_number(name) is not None else f"unknown signal {name!r}; use e.g. HUP or USR1"
+
+
+KIND = "file"
+OPTIONS = {"path": Option("the settings file path", required=True),
+           "pid_file": Option("a file holding the pid of the service process to signal after a write"),
+           "signal": Option("the signal that makes it re-read the file, e.g. HUP", check=_signal_error)}
+TARGETS = None
+
+
+def from_control(control: Control, owns: Callable[[int], bool] | None = None) -> "FileActuator":
+    o = control.options
+    return FileActuator(o["path"], o["pid_file"], o["signal"], owns)
 
 
 class FileActuator:

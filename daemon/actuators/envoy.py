@@ -11,13 +11,19 @@ from __future__ import annotations
 import math
 from urllib.parse import urlencode
 
-from daemon.config import Control
-from daemon.control.actuators import ActuatorError, as_settings, on_service, plain, verified
-from daemon.control.actuators.http_json import call, call_json
+from daemon.actuators import ActuatorError, Control, Option, Targets, as_settings, http_url, on_service, plain, verified
+from daemon.actuators.http_json import call, call_json
+from daemon.profiles.envoy import target_error as target_error
 
 
-def from_control(control: Control) -> "EnvoyActuator":
-    return EnvoyActuator(control.url, control.targets, control.token_file)
+KIND = "envoy"
+OPTIONS = {"url": Option("an http(s) URL: its admin interface", required=True, check=http_url),
+           "token_file": Option("a file holding a bearer token for it")}
+TARGETS = Targets('concurrency_limit = "circuit_breakers.CLUSTER.default.max_requests"')
+
+
+def from_control(control: Control, owns=None) -> "EnvoyActuator":
+    return EnvoyActuator(control.options["url"], control.targets, control.options["token_file"])
 
 
 class EnvoyActuator:

@@ -16,13 +16,21 @@ import math
 import re
 from urllib.parse import quote
 
-from daemon.config import Control
-from daemon.control.actuators import ActuatorError, numeric_settings, verified
-from daemon.control.actuators.http_json import call_json
+from daemon.actuators import ActuatorError, Control, Option, Targets, http_url, numeric_settings, verified
+from daemon.actuators.http_json import call_json
+from daemon.profiles.triton import target_error as target_error
 
 
-def from_control(control: Control) -> "TritonActuator":
-    return TritonActuator(control.url, control.model, control.targets, control.token_file)
+KIND = "triton"
+OPTIONS = {"url": Option("an http(s) URL: its HTTP endpoint", required=True, check=http_url),
+           "model": Option("the model's name in Triton's repository", required=True),
+           "token_file": Option("a file holding a bearer token for it")}
+TARGETS = Targets('max_batch_size = "max_batch_size"')
+
+
+def from_control(control: Control, owns=None) -> "TritonActuator":
+    o = control.options
+    return TritonActuator(o["url"], o["model"], control.targets, o["token_file"])
 
 
 def _scale(setting: str, field: str) -> float:

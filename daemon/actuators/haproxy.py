@@ -15,16 +15,21 @@ import re
 import socket
 import time
 
-from daemon.config import Control
-from daemon.control.actuators import ActuatorError, read_back
+from daemon.actuators import ActuatorError, Control, Option, Targets, read_back
 from daemon.profiles.haproxy import FORMS, form
+from daemon.profiles.haproxy import target_error as target_error
 
 MAX_ANSWER_BYTES = 4 << 20
 LARGEST = 2**31 - 1          # HAProxy's limits are signed 32-bit
 
 
-def from_control(control: Control) -> "HaproxyActuator":
-    return HaproxyActuator(control.address, control.targets)
+KIND = "haproxy"
+OPTIONS = {"address": Option("the stats socket (a Unix path or HOST:PORT, at level admin)", required=True)}
+TARGETS = Targets('concurrency_limit = "maxconn server BACKEND/SERVER"', required=True)
+
+
+def from_control(control: Control, owns=None) -> "HaproxyActuator":
+    return HaproxyActuator(control.options["address"], control.targets)
 
 
 class HaproxyActuator:
