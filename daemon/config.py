@@ -9,7 +9,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from daemon.actuators import ACTUATORS, Control
 from daemon.collectors.kernel.families import FAMILIES
@@ -192,7 +192,8 @@ def _service(file: Path, name: str, r: _Reader, default_tune_s: float) -> Servic
         if not isinstance(dep, str):
             raise ConfigError(file, r.key("downstream"), f"lists service names (strings), got {dep!r}")
     if metrics_url:   # the profile's signals stand in for the families the service does not name
-        spec = replace(spec, **{k: v for k, v in profile.default_metrics().items() if not getattr(spec, k)})
+        filled: dict[str, Any] = {k: v for k, v in profile.default_metrics().items() if not getattr(spec, k)}
+        spec = replace(spec, **filled)
     admission_by = r.get("admission_by", str, "", nonempty=True)
     control = _control(file, r.table_of("control")) if "control" in r.table else None
     if admission_by and control is not None:
@@ -331,7 +332,7 @@ def _targets(file, kind: str, r: _Reader) -> dict[str, str]:
 
 def _tuners(file, svc: _Reader, default_tune_s: float, control: Control | None,
             settings: dict[str, Bounds], service: ServiceSpec,
-            elsewhere: set[str] = frozenset()) -> tuple[TunerConf, ...]:
+            elsewhere: frozenset[str] | set[str] = frozenset()) -> tuple[TunerConf, ...]:
     """The service's [tuners.NAME] tables, each read by its tuner's spec. A tuner that
     pushes needs the [control] table (unless its settings are only recommended, or go
     to a proxy: `elsewhere`), bounds for every setting it pushes, and the SLOs it steers on."""

@@ -123,7 +123,9 @@ def _json_kind(value: object) -> str:
         return "null (or nothing)"
     if isinstance(value, bool):
         return "a boolean"
-    return {list: "a list", str: "a string"}.get(type(value), "a number")
+    if isinstance(value, list):
+        return "a list"
+    return "a string" if isinstance(value, str) else "a number"
 
 
 def plain(value: float) -> float | int:

@@ -71,7 +71,7 @@ class FileActuator:
         pidfd = self._service_process() if self.signal is not None and self.pid_file else None
         try:
             self._write({**settings, **{k: _like(settings.get(k), v) for k, v in changes.items()}}, st)
-            if pidfd is not None:
+            if pidfd is not None and self.signal is not None:
                 try:
                     signals.pidfd_send_signal(pidfd, self.signal)
                 except OSError as exc:

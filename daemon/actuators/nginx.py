@@ -98,7 +98,7 @@ class NginxActuator:
             if value < 0:
                 raise ActuatorError(f"setting {setting} = {value:g}: nginx takes no negative value here; "
                                     "nothing was written", unreachable=False)
-            text = self.lines[setting].sub(lambda m, v=value: f"{m[1]}{plain(v)}{m[3]}", text)
+            text = self.lines[setting].sub(lambda m, v=value: f"{m[1]}{plain(v)}{m[3]}", text)   # type: ignore[misc]
         master = self._master()
         replace_file(self.path, text.encode(), st, "nginx include file")
         reloading = False

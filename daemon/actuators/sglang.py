@@ -41,8 +41,8 @@ class SglangActuator:
         per_rank = [numeric_settings(r, f"{where}, internal_states") for r in ranks]
         for key in set().union(*per_rank) if per_rank else ():
             seen = {r.get(key) for r in per_rank}
-            if len(seen) == 1:
-                values[key] = seen.pop()
+            if len(seen) == 1 and (value := seen.pop()) is not None:
+                values[key] = value
             else:    # ranks that disagree: no one value is in force
                 values.pop(key, None)
         return values
