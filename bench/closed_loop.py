@@ -22,6 +22,7 @@ shares, errors, and the client-side P50/P99. Medians over the rounds with [min-m
     python -m bench.closed_loop                 # 3 rounds x 4 arms x 7 profiles
     python -m bench.closed_loop --quick         # 1 round of short phases and a 2-point sweep, a smoke run
     python -m bench.closed_loop --profiles 1.5x,step --rounds 5 --json /tmp/closed_loop.json
+    python -m bench.closed_loop --arms whitepaper,slotune,oracle   # without the shipped settings' arm
 
 Needs root (the daemon's eBPF probes)."""
 from __future__ import annotations
@@ -238,6 +239,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3, help="rounds of every arm on every profile (default 3)")
     ap.add_argument("--profiles", default=",".join(PROFILES), help="comma-separated: step, diurnal")
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     ap.add_argument("--cpu", action="store_true",
                     help="the CPU model instead of the paced server, its capacity measured as the demo does")
     ap.add_argument("--capacity", type=float, default=None,
@@ -248,6 +250,9 @@ def main(argv=None) -> int:
     profiles = [p for p in args.profiles.split(",") if p]
     if bad := [p for p in profiles if p not in PROFILES]:
         ap.error(f"--profiles: unknown {', '.join(bad)}; choose from {', '.join(PROFILES)}")
+    arms = tuple(a for a in ARMS if a in args.arms.split(","))
+    if bad := [a for a in args.arms.split(",") if a not in ARMS]:
+        ap.error(f"--arms: unknown {', '.join(bad)}; choose from {', '.join(ARMS)}")
     rounds = 1 if args.quick else args.rounds
     started, load_before = datetime.now(timezone.utc), os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="slotune-closed-loop-"))
@@ -269,7 +274,7 @@ def main(argv=None) -> int:
     print(f"    oracles: {oracles}", flush=True)
     results, runs = [], []
     for rnd, profile in itertools.product(range(rounds), profiles):
-        order = ARMS[rnd % len(ARMS):] + ARMS[:rnd % len(ARMS)]      # each arm in each slot in turn
+        order = arms[rnd % len(arms):] + arms[:rnd % len(arms)]      # each arm in each slot in turn
         for arm in order:
             t = time.monotonic()
             run = run_arm(arm, profile, rnd, capacity, oracles[profile], args.quick, work, inference_args)
