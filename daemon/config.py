@@ -259,8 +259,8 @@ def _admission(file, svc: ServiceConf, services: dict[str, ServiceConf]) -> None
             raise ConfigError(file, f"services.{svc.name}.settings.{name}", f"{proxy.name} (profile "
                               f"{profile.name}, control kind {proxy.control.kind}) has no live {name}; "
                               f"admission_by needs a proxy that can take it")
-        if proxy.control.kind in ACTUATORS and ACTUATORS[proxy.control.kind].TARGETS is not None \
-                and ACTUATORS[proxy.control.kind].TARGETS.required and name not in proxy.control.targets:
+        targets = ACTUATORS[proxy.control.kind].TARGETS
+        if targets is not None and targets.required and name not in proxy.control.targets:
             raise ConfigError(file, f"services.{proxy.name}.control.targets.{name}", f"missing: {svc.name}'s "
                               f"throttle pushes {name} through {proxy.name}; name it there, e.g. \"{s.target}\"")
 
@@ -300,11 +300,12 @@ def _control(file, r: _Reader) -> Control:
     actuator = ACTUATORS[kind]
     options = {}
     for name, o in actuator.OPTIONS.items():
-        value = r.get(name, str, o.default, choices=o.choices or None)
+        # a key with a default set empty would mean nothing, not the default: refused
+        value = r.get(name, str, o.default, choices=o.choices or None, nonempty=bool(o.default))
         if o.required and not value:
             raise ConfigError(file, r.key(name), f"missing: the {kind} actuator needs {o.what}")
         if value and o.check and (why := o.check(value)):
-            raise ConfigError(file, r.key(name), f"the {kind} actuator {why}" if why.startswith("needs") else why)
+            raise ConfigError(file, r.key(name), f"{value!r} {why}")
         options[name] = value
     targets = _targets(file, kind, r.table_of("targets"))
     if actuator.TARGETS is not None and actuator.TARGETS.required and not targets:

@@ -67,3 +67,18 @@ def copy_of_the_tree(dest: Path) -> Path:
     for cmd in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy"]):
         subprocess.run(["git", *cmd], cwd=tree, check=True)
     return tree
+
+
+def run_in(tree: Path, script: str, *args: str, timeout: float = 300) -> list[str]:
+    """The lines a Python script prints, run in the copy (its modules, not this checkout's);
+    it must exit 0."""
+    out = subprocess.run([sys.executable, "-c", script, *args], cwd=tree, capture_output=True, text=True,
+                         timeout=timeout)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()
+
+
+def changed(tree: Path) -> str:
+    """`git status --porcelain` of the copy: what is there that its commit did not have."""
+    return subprocess.run(["git", "status", "--porcelain"], cwd=tree, capture_output=True, text=True,
+                          check=True).stdout

@@ -28,7 +28,8 @@ class Actuator(Protocol):
 @dataclass(frozen=True)
 class Option:
     """One [control] key an actuator takes: what it is (said when it is missing), its
-    default, its choices, and check(value) -> why it cannot be, or None."""
+    default (a key that has one may not be set empty), its choices, and check(value) ->
+    why it cannot be ("is not ..."), or None."""
     what: str
     required: bool = False
     default: str = ""
@@ -54,7 +55,7 @@ class Control:
 
 def http_url(value: str) -> str | None:
     """An Option check: an http(s) URL."""
-    return None if value.startswith(("http://", "https://")) else "needs an http(s) URL"
+    return None if value.startswith(("http://", "https://")) else "is not an http(s) URL"
 
 
 def for_control(control: Control, owns: Callable[[int], bool] | None = None) -> Actuator:

@@ -27,7 +27,7 @@ def signal_number(name: str) -> int | None:
 
 
 def _signal_error(name: str) -> str | None:
-    return None if signal_number(name) is not None else f"unknown signal {name!r}; use e.g. HUP or USR1"
+    return None if signal_number(name) is not None else "is not a signal name; use e.g. HUP or USR1"
 
 
 KIND = "file"

@@ -38,8 +38,7 @@ def directive_line(target: str) -> re.Pattern:
 KIND = "nginx"
 OPTIONS = {"path": Option("the include file slotune owns", required=True),
            "conf": Option("the main nginx.conf that includes it", required=True),
-           "binary": Option("the nginx executable that validates and reloads", default="/usr/sbin/nginx",
-                            check=lambda v: None if v.strip() else "must not be empty"),
+           "binary": Option("the nginx executable that validates and reloads", default="/usr/sbin/nginx"),
            "pid_file": Option("nginx's pid file (else its master is found by its command line)")}
 TARGETS = Targets('concurrency_limit = "limit_conn perserver {}"', required=True)
 

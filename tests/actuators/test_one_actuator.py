@@ -4,10 +4,8 @@ any other refused naming the ones it takes), built for the service, and pushes
 a throttle decision through the control loop; and `git status` names only the
 new file."""
 import json
-import subprocess
-import sys
 
-from tests.conftest import copy_of_the_tree
+from tests.conftest import changed, copy_of_the_tree, run_in
 
 TOY = '''"""Toy actuator: keeps a service's settings as JSON in one file, rewritten whole."""
 from __future__ import annotations
@@ -90,12 +88,8 @@ def test_a_toy_actuator_added_as_one_module_pushes_and_changes_nothing_else(tmp_
     (tree / "daemon" / "actuators" / "toy.py").write_text(TOY)
     work = tmp_path / "work"
     work.mkdir()
-    out = subprocess.run([sys.executable, "-c", RUN, str(work)], cwd=tree, capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    refused, pushed = out.stdout.strip().splitlines()
+    refused, pushed = run_in(tree, RUN, str(work))
     assert refused == "services.api.control.url | unknown key; the toy actuator takes kind, path"
     assert pushed == '[["rate_limit_rps", 100.0, 90.0, "pushed"]]'
     assert json.loads((work / "settings.json").read_text()) == {"rate_limit_rps": 90.0}
-    status = subprocess.run(["git", "status", "--porcelain"], cwd=tree, capture_output=True, text=True, check=True)
-    assert status.stdout == "?? daemon/actuators/toy.py\n"
+    assert changed(tree) == "?? daemon/actuators/toy.py\n"

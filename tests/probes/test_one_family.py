@@ -2,10 +2,8 @@
 toy family added as bpf/toy.bpf.c and daemon/collectors/kernel/families/toy.py
 alone is found, hooks the exec program beside the exec family's own hook, and
 compiles, loads and attaches with it; and `git status` names only the two files."""
-import subprocess
-import sys
 
-from tests.conftest import copy_of_the_tree
+from tests.conftest import changed, copy_of_the_tree, run_in
 
 TOY_C = """/* Toy family: the execs of watched tasks again, a second hook on sched_process_exec. */
 
@@ -48,11 +46,8 @@ def test_a_toy_family_added_as_two_files_builds_beside_the_others(root_only, tmp
     tree = copy_of_the_tree(tmp_path)
     (tree / "bpf" / "toy.bpf.c").write_text(TOY_C)
     (tree / "daemon" / "collectors" / "kernel" / "families" / "toy.py").write_text(TOY_PY)
-    out = subprocess.run([sys.executable, "-c", RUN], cwd=tree, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    found, attached, dispatcher = out.stdout.strip().splitlines()
+    found, attached, dispatcher = run_in(tree, RUN)
     assert found == "['exec', 'http', 'offcpu', 'runqueue', 'tcp', 'tls', 'toy'] ['exec', 'toy'] {}"
     assert "'sched:sched_process_exec'" in attached
     assert dispatcher.endswith("'exec_count(old_pid);', 'toy_exec(old_pid);']")
-    status = subprocess.run(["git", "status", "--porcelain"], cwd=tree, capture_output=True, text=True, check=True)
-    assert status.stdout == "?? bpf/toy.bpf.c\n?? daemon/collectors/kernel/families/toy.py\n"
+    assert changed(tree) == "?? bpf/toy.bpf.c\n?? daemon/collectors/kernel/families/toy.py\n"

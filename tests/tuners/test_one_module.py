@@ -2,10 +2,8 @@
 tuners/toy.py alone is taken by the config (its own key checked against its
 range), run by the control loop through a real file actuator, and audited; and
 nothing else in the tree changed (`git status` names only the new file)."""
-import subprocess
-import sys
 
-from tests.conftest import copy_of_the_tree
+from tests.conftest import changed, copy_of_the_tree, run_in
 
 TOY = '''"""Toy tuner: halves (by its `factor`) the setting `toy_knob` while P99 is over the SLO."""
 from __future__ import annotations
@@ -83,10 +81,6 @@ def test_a_toy_tuner_added_as_one_module_runs_and_changes_nothing_else(tmp_path)
     (tree / "tuners" / "toy.py").write_text(TOY)
     work = tmp_path / "work"
     work.mkdir()
-    out = subprocess.run([sys.executable, "-c", RUN, str(work)], cwd=tree, capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    entries, knob = out.stdout.strip().splitlines()
+    entries, knob = run_in(tree, RUN, str(work))
     assert entries == '[["toy", "toy_knob", 80.0, 20.0, "pushed"]]' and float(knob) == 20.0
-    status = subprocess.run(["git", "status", "--porcelain"], cwd=tree, capture_output=True, text=True, check=True)
-    assert status.stdout == "?? tuners/toy.py\n"
+    assert changed(tree) == "?? tuners/toy.py\n"
