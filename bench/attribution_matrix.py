@@ -89,9 +89,9 @@ class DaemonLoop:
     each step's attribution of every service is kept as (window end, {service: Explanation})."""
 
     def __init__(self, cfg):
-        from daemon.collectors.kernel.collector import KernelCollector
-        from daemon.collectors.service_metrics import ServiceMetricsCollector
-        from daemon.process import Daemon
+        from slotune.collectors.kernel.collector import KernelCollector
+        from slotune.collectors.service_metrics import ServiceMetricsCollector
+        from slotune.process import Daemon
         self.daemon = Daemon(cfg, dry_run=True, collectors=[ServiceMetricsCollector(), KernelCollector()])
         self.steps: list[tuple[float, dict]] = []
         self.step_cost: list[float] = []
@@ -312,7 +312,7 @@ def main() -> int:
         print("attribution_matrix: needs root (eBPF probes, tc, a network namespace)", file=sys.stderr)
         return 2
     enter_own_netns()
-    from daemon import config as config_mod
+    from slotune import config as config_mod
 
     work = Path(tempfile.mkdtemp(prefix="slotune-matrix-"))
     t0 = time.time()

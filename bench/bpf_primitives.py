@@ -21,8 +21,8 @@ import sys
 import time
 
 from bench.server_overhead import bpf_stats_on
-from daemon.collectors.kernel.program import program_text
-from daemon.collectors.kernel.program_cost import run_stats
+from slotune.collectors.kernel.program import program_text
+from slotune.collectors.kernel.program_cost import run_stats
 
 REPEAT = 4
 # After bpf/common.h (program_text: its #defines, helpers and shared maps), the

@@ -41,7 +41,7 @@ from pathlib import Path
 from bench.chaos_services import INSTANT, SLOW, Healthy, Hostile, flood
 from bench.soak import sample
 from bench.unit_sandbox import sandboxed
-from daemon.process import HISTORY_S
+from slotune.process import HISTORY_S
 from reference_stack import launcher
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -256,7 +256,7 @@ def main() -> int:
     env = dict(os.environ, NOTIFY_SOCKET=str(work / "notify"), WATCHDOG_USEC=str(int(WATCHDOG_S * 1e6)))
     env.pop("WATCHDOG_PID", None)
     log = open(work / "daemon.log", "wb")
-    daemon = subprocess.Popen(sandboxed([sys.executable, "-m", "daemon.cli", "run", "--config",
+    daemon = subprocess.Popen(sandboxed([sys.executable, "-m", "slotune.cli", "run", "--config",
                                          str(work / "slotune.toml")], work), cwd=ROOT, env=env,
                               stdout=log, stderr=subprocess.STDOUT)
     clock, samples, started = ClockSteps(), [], None

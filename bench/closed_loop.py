@@ -47,8 +47,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from daemon.demo.run import GATEWAY_SLO_MS, INFERENCE_SLO_MS, measure_capacity, phases, start_daemon  # noqa: E402
-from daemon.demo.stack_config import DEMO_STACK_SETTINGS, for_reference_stack  # noqa: E402
+from slotune.demo.run import GATEWAY_SLO_MS, INFERENCE_SLO_MS, measure_capacity, phases, start_daemon  # noqa: E402
+from slotune.demo.stack_config import DEMO_STACK_SETTINGS, for_reference_stack  # noqa: E402
 from reference_stack import launcher, loadgen  # noqa: E402
 from reference_stack.client import StackClient  # noqa: E402
 from reference_stack.paced import Pace  # noqa: E402

@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from daemon.attribution.explain import HORIZON_S
-from daemon.process import HISTORY_S
-from daemon.demo.stack_config import DEMO_STACK_SETTINGS, for_reference_stack
+from slotune.attribution.explain import HORIZON_S
+from slotune.process import HISTORY_S
+from slotune.demo.stack_config import DEMO_STACK_SETTINGS, for_reference_stack
 from reference_stack import launcher, loadgen
 from reference_stack.loadgen import closed_loop
 
@@ -83,7 +83,7 @@ def measure(daemon: psutil.Process, stack: list[psutil.Process], seconds: float)
 
 def start_daemon(work: Path, port: int) -> subprocess.Popen:
     log = open(work / "daemon.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "daemon.cli", "run", "--config", str(work / "slotune.toml"),
+    proc = subprocess.Popen([sys.executable, "-m", "slotune.cli", "run", "--config", str(work / "slotune.toml"),
                              "--dry-run"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     wait_up(f"http://127.0.0.1:{port}", proc)
     return proc

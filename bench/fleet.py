@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from daemon.demo.fleet_hosts import main
+from slotune.demo.fleet_hosts import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 import psutil
 
 from bench.nvml_sweep import summary_ms
-from daemon.collectors.gpu import collector as nvml
-from daemon.collectors.gpu.collector import NvmlCollector, Sweep
-from daemon.model.service import ServiceSpec
+from slotune.collectors.gpu import collector as nvml
+from slotune.collectors.gpu.collector import NvmlCollector, Sweep
+from slotune.model.service import ServiceSpec
 
 NO_GPU_EXIT = 3
 SERVICE = "inference"
@@ -183,7 +183,7 @@ def verdict(signals: dict[str, float]) -> tuple[bool, str]:
 
 
 def attribution_command_available() -> bool:
-    from daemon.cli import subcommand_modules
+    from slotune.cli import subcommand_modules
     return any(module.NAME == "attribute" for module in subcommand_modules())
 
 
@@ -193,7 +193,7 @@ def attribution(service: str, timeout_s: float = 60) -> str:
         return (f"slotune attribute is not in this checkout yet (no daemon/commands/attribute.py): "
                 f"no attribution verdict; the GPU cause signals it will read for {service} are printed above")
     try:
-        result = subprocess.run([sys.executable, "-m", "daemon.cli", "attribute", service], capture_output=True,
+        result = subprocess.run([sys.executable, "-m", "slotune.cli", "attribute", service], capture_output=True,
                                 text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return f"slotune attribute {service} gave no answer within {timeout_s:.0f} s"

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from daemon.demo.run import LLM_SLOS_MS, OUTPUTS, PROMPTS, start_daemon, stop_daemon, this_runs_decisions
-from daemon.demo.stack_config import LLM_INFERENCE_TUNERS, for_reference_stack
+from slotune.demo.run import LLM_SLOS_MS, OUTPUTS, PROMPTS, start_daemon, stop_daemon, this_runs_decisions
+from slotune.demo.stack_config import LLM_INFERENCE_TUNERS, for_reference_stack
 from reference_stack import launcher
 from reference_stack.llm import load as llm_load
 

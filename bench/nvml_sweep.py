@@ -9,9 +9,9 @@ import argparse
 import statistics
 import time
 
-from daemon.collectors.gpu.device import log
-from daemon.collectors.gpu.collector import NvmlCollector
-from daemon.model.service import ServiceSpec
+from slotune.collectors.gpu.device import log
+from slotune.collectors.gpu.collector import NvmlCollector
+from slotune.model.service import ServiceSpec
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -18,12 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from daemon.collectors.kernel import FAMILIES, KernelCollector
-from daemon.collectors.kernel.arrivals import EXEC
-from daemon.collectors.kernel.family import Attachment
-from daemon.collectors.kernel.program import (HINT_SLOTS, TARGETING_TRACEPOINTS, Program, attach_tracepoint,
+from slotune.collectors.kernel import FAMILIES, KernelCollector
+from slotune.collectors.kernel.arrivals import EXEC
+from slotune.collectors.kernel.family import Attachment
+from slotune.collectors.kernel.program import (HINT_SLOTS, TARGETING_TRACEPOINTS, Program, attach_tracepoint,
                                               detach_tracepoint)
-from daemon.model.service import ServiceSpec
+from slotune.model.service import ServiceSpec
 
 LOOP_C = r"""
 #include <arpa/inet.h>

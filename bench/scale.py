@@ -217,7 +217,7 @@ def start_daemon(work: Path, config: Path) -> tuple[subprocess.Popen, Watchdog, 
     env = dict(os.environ, NOTIFY_SOCKET=str(config.parent / "notify"), WATCHDOG_USEC=str(int(WATCHDOG_S * 1e6)))
     env.pop("WATCHDOG_PID", None)
     with open(config.parent / "daemon.log", "wb") as log:
-        daemon = subprocess.Popen(sandboxed([sys.executable, "-m", "daemon.cli", "run", "--config", str(config)], work),
+        daemon = subprocess.Popen(sandboxed([sys.executable, "-m", "slotune.cli", "run", "--config", str(config)], work),
                                   cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     return daemon, watchdog, listener
 

@@ -43,9 +43,9 @@ from pathlib import Path
 import numpy as np
 
 from bench.probe_overhead import EmptyPrograms, all_attach_points, empty
-from daemon.collectors.kernel import KernelCollector
-from daemon.collectors.kernel.program_cost import STATS_SYSCTL
-from daemon.model.service import ServiceSpec
+from slotune.collectors.kernel import KernelCollector
+from slotune.collectors.kernel.program_cost import STATS_SYSCTL
+from slotune.model.service import ServiceSpec
 
 NGINX_CONF = """\
 load_module /usr/lib/nginx/modules/ngx_http_echo_module.so;
@@ -196,8 +196,8 @@ class Slotune(Tracer):
 
 
 HOLD = """import sys, threading
-from daemon.collectors.kernel import KernelCollector
-from daemon.model.service import ServiceSpec
+from slotune.collectors.kernel import KernelCollector
+from slotune.model.service import ServiceSpec
 c = KernelCollector(None)
 c.start([ServiceSpec("server", port=int(sys.argv[1]))])
 print("up" if c.up else "down " + c.start_error, flush=True)

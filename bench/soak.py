@@ -38,10 +38,10 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from daemon.store.audit import Outcome
-from daemon.demo.run import GATEWAY_SLO_MS, INFERENCE_SLO_MS, measure_capacity, start_daemon
-from daemon.demo.stack_config import for_reference_stack
-from daemon.process import HISTORY_S
+from slotune.store.audit import Outcome
+from slotune.demo.run import GATEWAY_SLO_MS, INFERENCE_SLO_MS, measure_capacity, start_daemon
+from slotune.demo.stack_config import for_reference_stack
+from slotune.process import HISTORY_S
 from reference_stack import launcher, loadgen
 
 TOLERANCE = 0.05          # RSS and fds: last quarter within 5 % of the first

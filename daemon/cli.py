@@ -7,7 +7,7 @@ import importlib
 import pkgutil
 import sys
 
-from daemon import commands
+from slotune import commands
 
 EXAMPLES = """examples:
   slotune doctor                      check this host before trusting the daemon

@@ -11,15 +11,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from daemon.actuators import ACTUATORS, Control
-from daemon.collectors.kernel.families import FAMILIES
-from daemon.collectors.kernel.program import MAP_ENTRIES, MAP_ENTRIES_RANGE
-from daemon.model.histogram import BUCKETS_PER_OCTAVE
-from daemon.model.service import ServiceSpec
-from daemon import profiles
+from slotune.actuators import ACTUATORS, Control
+from slotune.collectors.kernel.families import FAMILIES
+from slotune.collectors.kernel.program import MAP_ENTRIES, MAP_ENTRIES_RANGE
+from slotune.model.histogram import BUCKETS_PER_OCTAVE
+from slotune.model.service import ServiceSpec
+from slotune import profiles
 
 if TYPE_CHECKING:
-    from tuners.base import Spec
+    from slotune.tuners.base import Spec
 
 DEFAULT_PATH = Path("/etc/slotune/slotune.toml")
 PROBE_FAMILIES = tuple(FAMILIES)     # every kernel probe family (daemon/collectors/kernel/families/)
@@ -210,7 +210,7 @@ def _service(file: Path, name: str, r: _Reader, default_tune_s: float) -> Servic
 def admission_settings() -> set[str]:
     """The settings that admit requests: a service whose engine has no live knob for them
     names the proxy in front of it (admission_by), and they are pushed there."""
-    from tuners import throttle   # here: tuners/ imports scipy (drift), ~0.7 s that only load() needs
+    from slotune.tuners import throttle   # here: tuners/ imports scipy (drift), ~0.7 s that only load() needs
     return {s for policy in throttle.POLICIES for s in throttle.SPEC.pushes(policy)}
 
 
@@ -337,7 +337,7 @@ def _tuners(file, svc: _Reader, default_tune_s: float, control: Control | None,
     """The service's [tuners.NAME] tables, each read by its tuner's spec. A tuner that
     pushes needs the [control] table (unless its settings are only recommended, or go
     to a proxy: `elsewhere`), bounds for every setting it pushes, and the SLOs it steers on."""
-    from tuners import TUNERS   # here: tuners/ imports scipy (drift), ~0.7 s that only load() needs
+    from slotune.tuners import TUNERS   # here: tuners/ imports scipy (drift), ~0.7 s that only load() needs
     r, out = svc.table_of("tuners"), []
     for name in list(r.table):
         if name not in TUNERS:
@@ -358,7 +358,7 @@ def _tuners(file, svc: _Reader, default_tune_s: float, control: Control | None,
 
 
 def _tuner(file, t: _Reader, name: str, spec: Spec, default_tune_s: float) -> TunerConf:
-    from tuners import policy as tuner_policy   # here: as in _tuners
+    from slotune.tuners import policy as tuner_policy   # here: as in _tuners
     policy = t.get("policy", str, "slotune")
     try:
         tuner_policy(name, policy)

@@ -14,30 +14,30 @@ from collections import defaultdict
 
 from prometheus_client import CollectorRegistry
 
-from daemon import config as config_mod
-from daemon import profiles
-from daemon.attribution import explain as attribution
-from daemon.collectors.gpu.collector import NvmlCollector
-from daemon.collectors.kernel.collector import RESCAN_S, KernelCollector
-from daemon.collectors.kernel.targeting import Targeting
-from daemon.collectors.service_metrics import ServiceMetricsCollector
-from daemon.actuators import for_control
-from daemon.store.audit import AuditLog
-from daemon.control.guard_state import GuardFile
-from daemon.control.loop import ControlLoop
-from daemon.export.loop_metrics import LoopMetrics, LoopView
-from daemon.export.samples import SampleExporter
-from daemon.export.server import MetricsServer
-from daemon.export import sinks
-from daemon.host import sdnotify
-from daemon.host.bulkheads import Bulkheads
-from daemon.host.signals import Signals
-from daemon.model import window
-from daemon.model.histogram import export_bounds, merged
-from daemon.model.columns import History
-from daemon.model.interval import Interval
-from daemon.store.baselines import BaselineStore
-from daemon.store.recorder import BaselineRecorder
+from slotune import config as config_mod
+from slotune import profiles
+from slotune.attribution import explain as attribution
+from slotune.collectors.gpu.collector import NvmlCollector
+from slotune.collectors.kernel.collector import RESCAN_S, KernelCollector
+from slotune.collectors.kernel.targeting import Targeting
+from slotune.collectors.service_metrics import ServiceMetricsCollector
+from slotune.actuators import for_control
+from slotune.store.audit import AuditLog
+from slotune.control.guard_state import GuardFile
+from slotune.control.loop import ControlLoop
+from slotune.export.loop_metrics import LoopMetrics, LoopView
+from slotune.export.samples import SampleExporter
+from slotune.export.server import MetricsServer
+from slotune.export import sinks
+from slotune.host import sdnotify
+from slotune.host.bulkheads import Bulkheads
+from slotune.host.signals import Signals
+from slotune.model import window
+from slotune.model.histogram import export_bounds, merged
+from slotune.model.columns import History
+from slotune.model.interval import Interval
+from slotune.store.baselines import BaselineStore
+from slotune.store.recorder import BaselineRecorder
 
 log = logging.getLogger(__name__)
 STORE_BUSY_S = 0.5         # a locked baseline store costs a tick at most this long

@@ -101,14 +101,15 @@ fi
 # The daemon plus its extras: [stack] (the reference stack: aiohttp, redis, torch)
 # and [report] (matplotlib) for `make demo`, [test] for `make test`. A host that
 # only runs the daemon needs no extras: `pip install .`.
-# Reinstall only when the dependency list changed. "compat" editable mode puts the
-# repo on the path, so packages added later import without a reinstall.
-want=$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)
+# Reinstall only when the dependency list or the package layout changed. The editable
+# install maps the slotune package onto daemon/, tuners/ and bpf/ (setup.py), so
+# modules and folders added under them import without a reinstall.
+want=$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   step "pip install -e .[test,stack,report,otlp]"
   log="$VENV/pip-install.log"
   if ! { "$VENV/bin/python" -m pip install --upgrade pip \
-         && "$VENV/bin/python" -m pip install --config-settings editable_mode=compat -e "$ROOT[test,stack,report,otlp]"; } >"$log" 2>&1; then
+         && "$VENV/bin/python" -m pip install -e "$ROOT[test,stack,report,otlp]"; } >"$log" 2>&1; then
     tail -n 30 "$log" >&2
     die "pip install failed; the whole log is in $log"
   fi

@@ -35,7 +35,7 @@ class StandInCollector:
 
 def run_slotune(*args, timeout=120, **kwargs) -> subprocess.CompletedProcess:
     """Run the installed CLI as a user would, in its own process."""
-    return subprocess.run([sys.executable, "-m", "daemon.cli", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "slotune.cli", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, **kwargs)
 
 
@@ -69,11 +69,21 @@ def copy_of_the_tree(dest: Path) -> Path:
     return tree
 
 
+# The slotune package of a copy: the checkout's editable install maps `slotune` onto this
+# checkout's folders, so a script run in a copy loads the copy's daemon/ as slotune, with
+# tuners/ and bpf/ found beside it (setup.py's layout).
+SLOTUNE_OF_THE_COPY = """import importlib.util as _u, sys as _s
+_spec = _u.spec_from_file_location("slotune", "daemon/__init__.py", submodule_search_locations=["daemon", "."])
+_s.modules["slotune"] = _m = _u.module_from_spec(_spec)
+_spec.loader.exec_module(_m)
+"""
+
+
 def run_in(tree: Path, script: str, *args: str, timeout: float = 300) -> list[str]:
     """The lines a Python script prints, run in the copy (its modules, not this checkout's);
     it must exit 0."""
-    out = subprocess.run([sys.executable, "-c", script, *args], cwd=tree, capture_output=True, text=True,
-                         timeout=timeout)
+    out = subprocess.run([sys.executable, "-c", SLOTUNE_OF_THE_COPY + script, *args], cwd=tree,
+                         capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip().splitlines()
 

@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from daemon.attribution import explain as attribution
-from daemon.attribution import spans
-from daemon.attribution.explain import explain
-from daemon.model.sample import Sample
-from daemon.model.histogram import BucketHistogram, Histogram
-from daemon.model.service import ServiceSpec
-from daemon.model.window import Window, build
+from slotune.attribution import explain as attribution
+from slotune.attribution import spans
+from slotune.attribution.explain import explain
+from slotune.model.sample import Sample
+from slotune.model.histogram import BucketHistogram, Histogram
+from slotune.model.service import ServiceSpec
+from slotune.model.window import Window, build
 
 BOUNDS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, math.inf)
 CALM = (0, 100, 0, 0, 0, 0, 0)             # 100 requests in (10, 20] ms
@@ -171,8 +171,8 @@ def test_a_service_that_talks_but_is_never_timed_says_why_not_warming_up():
 
 
 def test_a_downstream_nothing_times_is_said_at_start(tmp_path):
-    from daemon import config
-    from daemon.process import untimed_downstreams
+    from slotune import config
+    from slotune.process import untimed_downstreams
     text = """[services.app]
 cmdline = "app"
 slo_p99_ms = 100
@@ -214,7 +214,7 @@ def test_status_form_carries_what_the_daemon_exports():
 
 
 def test_the_call_graph_comes_from_downstream_lists_and_peers_that_are_services(tmp_path):
-    from daemon import config
+    from slotune import config
     path = tmp_path / "slotune.toml"
     path.write_text("""
 [services.gateway]
@@ -267,7 +267,7 @@ def test_batch_queue_wait_counts_only_the_wait_beyond_the_batch_running_ahead():
 
 
 def test_the_attribute_table_lists_causes_by_share_with_evidence_and_path():
-    from daemon.commands.attribute import render
+    from slotune.commands.attribute import render
     gateway = history(faulty=[(SLOW_TAIL, {}), (SLOW_TAIL, {})], service="gateway")
     inference = history(faulty=[(SLOW_TAIL, {"runqueue_s": 60.0})] * 2, service="inference")
     e = explain("gateway", {"gateway": gateway, "inference": inference}, {"gateway": ["inference"]})

@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from daemon.attribution import causes
-from daemon.attribution.explain import explain
-from daemon.model.histogram import BucketHistogram
-from daemon.model.window import Window
+from slotune.attribution import causes
+from slotune.attribution.explain import explain
+from slotune.model.histogram import BucketHistogram
+from slotune.model.window import Window
 
 SLO_TTFT_S, SLO_TPOT_S = 0.5, 0.05
 
@@ -110,7 +110,7 @@ def test_status_carries_the_token_explanations_as_json():
 
 
 def test_slotune_status_prints_what_moved_ttft_and_tpot():
-    from daemon.export.status_table import render
+    from slotune.export.status_table import render
     attribution = run({"ttft_ms": 230.0, "waiting": 52.0}, waiting=14.0).as_status()
     row = {"p50_s": 1.0, "p99_s": 2.0, "slo_p99_s": 30.0, "rate_rps": 10.0, "settings": {},
            "control_reachable": True, "attribution": attribution}

@@ -16,15 +16,15 @@ from urllib.request import urlopen
 
 import pytest
 
-from daemon import config
-from daemon.store.audit import Outcome
-from daemon.model.histogram import Histogram
-from daemon.model.sample import Sample
-from daemon.model.window import EBPF_LATENCY
-from daemon.process import Daemon
-from daemon.store.baselines import BaselineStore
-from daemon.store.prometheus_history import DEPLOY_INFO, PrometheusHistory
-from daemon.store.recorder import DRIFT_METRIC, PROMETHEUS_REFRESH_S
+from slotune import config
+from slotune.store.audit import Outcome
+from slotune.model.histogram import Histogram
+from slotune.model.sample import Sample
+from slotune.model.window import EBPF_LATENCY
+from slotune.process import Daemon
+from slotune.store.baselines import BaselineStore
+from slotune.store.prometheus_history import DEPLOY_INFO, PrometheusHistory
+from slotune.store.recorder import DRIFT_METRIC, PROMETHEUS_REFRESH_S
 from reference_stack.launcher import free_ports
 from tests.conftest import StandInCollector, run_slotune
 
@@ -227,7 +227,7 @@ def step_until(daemon, clock, predicate, most_s):
 
 
 def test_the_daemon_reads_its_drift_baseline_from_prometheus_and_falls_back_once(prometheus, tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="daemon.store.recorder")
+    caplog.set_level(logging.INFO, logger="slotune.store.recorder")
     (tmp_path / "slotune.toml").write_text(textwrap.dedent(f"""
         [daemon]
         exporter_address = "127.0.0.1:{prometheus.daemon_port}"

@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from daemon.store.baselines import BaselineStore, UnknownBaseline
+from slotune.store.baselines import BaselineStore, UnknownBaseline
 from tests.conftest import ROOT, run_slotune
 
 
@@ -124,7 +124,7 @@ def test_unusable_paths_are_named(tmp_path):
 
 WRITER = textwrap.dedent("""
     import sys
-    from daemon.store.baselines import BaselineStore
+    from slotune.store.baselines import BaselineStore
     store = BaselineStore(sys.argv[1])
     batch = 0
     while True:
@@ -224,10 +224,10 @@ def test_cli_takes_store_and_environment_from_the_config(store_file, tmp_path):
 
 
 def test_the_drift_tuner_gets_the_stored_history_with_its_robust_spread(tmp_path):
-    from daemon import config
-    from daemon.process import Daemon
-    from daemon.store.recorder import DRIFT_METRIC
-    from tuners import drift
+    from slotune import config
+    from slotune.process import Daemon
+    from slotune.store.recorder import DRIFT_METRIC
+    from slotune.tuners import drift
     (tmp_path / "slotune.toml").write_text(textwrap.dedent(f"""
         [daemon]
         baseline_store = "{tmp_path}/baselines.sqlite"

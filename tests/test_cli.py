@@ -1,7 +1,7 @@
 """The command line a user meets first: help texts end with real examples."""
 import pytest
 
-from daemon import cli
+from slotune import cli
 from tests.conftest import run_slotune
 
 COMMANDS = [m.NAME for m in cli.subcommand_modules()]
@@ -32,7 +32,7 @@ def test_unknown_subcommand_is_refused_with_the_choices():
 def test_each_part_of_make_demo_keeps_its_own_report():
     # `make demo` runs `slotune demo` then `slotune demo --llm`: both wrote /tmp/slotune-demo/report.html.
     import argparse
-    from daemon.commands import demo
+    from slotune.commands import demo
     parser = argparse.ArgumentParser()
     demo.add_arguments(parser)
     dirs = {demo.default_run_dir(parser.parse_args(argv)) for argv in ([], ["--llm"], ["--fleet", "3"])}

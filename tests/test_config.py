@@ -2,7 +2,7 @@
 refused with the file, the key and the reason."""
 import pytest
 
-from daemon import config
+from slotune import config
 from tests.conftest import ROOT
 
 MINIMAL = """

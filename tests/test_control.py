@@ -6,17 +6,17 @@ from dataclasses import asdict, replace
 import numpy as np
 import pytest
 
-from daemon import config
-from daemon.actuators.file import FileActuator
-from daemon.actuators.http_json import HttpJsonActuator
-from daemon.store.audit import AuditLog, Entry, Outcome
-from daemon.actuators import Control
-from daemon.config import Bounds, Config, ServiceConf, TunerConf
-from daemon.model.interval import Interval
-from daemon.control.loop import ControlLoop, guarded
-from daemon.model.histogram import Histogram
-from daemon.model.service import ServiceSpec
-from daemon.model.window import Window
+from slotune import config
+from slotune.actuators.file import FileActuator
+from slotune.actuators.http_json import HttpJsonActuator
+from slotune.store.audit import AuditLog, Entry, Outcome
+from slotune.actuators import Control
+from slotune.config import Bounds, Config, ServiceConf, TunerConf
+from slotune.model.interval import Interval
+from slotune.control.loop import ControlLoop, guarded
+from slotune.model.histogram import Histogram
+from slotune.model.service import ServiceSpec
+from slotune.model.window import Window
 
 SLO = 0.2
 
@@ -167,7 +167,7 @@ class CountingFile(FileActuator):
 
 
 def test_a_push_is_planned_on_the_settings_in_force_read_just_before(tmp_path, caplog):
-    caplog.set_level("INFO", logger="daemon.control.loop")
+    caplog.set_level("INFO", logger="slotune.control.loop")
     control, path, audit = loop(tmp_path, max_step=5.0)
     actuator = control.services["api"].actuator = CountingFile(str(path))
     history = [window(1.0, 0.1)]                       # P99 under the SLO: x1.1 wanted, 5 allowed

@@ -1,5 +1,5 @@
 """The daemon's signals land anywhere in its wait and still stop it. Each run is a fresh
-Python process that sleeps in daemon.host.signals the way the main loop does and, from a
+Python process that sleeps in slotune.host.signals the way the main loop does and, from a
 trace function, sends itself SIGTERM at its k-th executed line, for every k through two
 turns of the loop: the handler then runs at that point of the wait. The daemon used to
 set a threading.Event from its handler; under this harness that design hung at 24 of 40
@@ -13,7 +13,7 @@ from tests.conftest import ROOT
 
 SLEEPER = """
 import json, os, signal, sys
-from daemon.host.signals import Signals
+from slotune.host.signals import Signals
 
 k, lines = int(sys.argv[1]), 0
 signals = Signals()
@@ -54,7 +54,7 @@ def test_a_signal_ends_the_sleep_at_once_and_sighup_only_asks_for_a_reload(tmp_p
     script = tmp_path / "hup.py"
     script.write_text("""
 import json, os, signal, threading, time
-from daemon.host.signals import Signals
+from slotune.host.signals import Signals
 signals = Signals()
 signals.install()
 threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGHUP)).start()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from daemon.export import dashboards
+from slotune.export import dashboards
 from tests.conftest import ROOT, run_slotune
 
 DIR = ROOT / "dashboards"

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from daemon.collectors.kernel import program_cost
-from daemon.export import dashboards
+from slotune.collectors.kernel import program_cost
+from slotune.export import dashboards
 from reference_stack import launcher
 from reference_stack.client import StackClient
 from reference_stack.ports import DEFAULTS
@@ -71,9 +71,9 @@ def daemon_config(path: Path, cfg: launcher.StackConfig, metrics_port: int) -> N
 def seed_baselines(config: Path, days: float = 1.0) -> None:
     """A day of stored P99 history for every service, as a daemon that ran before would have left:
     the drift tuner compares against it (without one it has nothing to say)."""
-    from daemon import config as config_mod
-    from daemon.store.baselines import BaselineStore
-    from daemon.store.recorder import DRIFT_METRIC
+    from slotune import config as config_mod
+    from slotune.store.baselines import BaselineStore
+    from slotune.store.recorder import DRIFT_METRIC
     cfg = config_mod.load(config)
     now = time.time()
     store = BaselineStore(cfg.baseline_store)
@@ -164,7 +164,7 @@ def live(tmp_path_factory):
         program_cost.STATS_SYSCTL.write_text("1")
         daemon_config(tmp / "slotune.toml", cfg, metrics_port)
         seed_baselines(tmp / "slotune.toml")
-        daemon = spawn([sys.executable, "-m", "daemon.cli", "run", "--dry-run", "--config", str(tmp / "slotune.toml")],
+        daemon = spawn([sys.executable, "-m", "slotune.cli", "run", "--dry-run", "--config", str(tmp / "slotune.toml")],
                        tmp / "daemon.log")
         procs.append(daemon)
         prometheus_config(tmp / "prometheus.yml", cfg, metrics_port)

@@ -14,9 +14,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from daemon import config
-from daemon.commands import discover as discover_command
-from daemon.profiles import haproxy_config
+from slotune import config
+from slotune.commands import discover as discover_command
+from slotune.profiles import haproxy_config
 from reference_stack import launcher
 from tests.actuators import real_servers
 from tests.conftest import ROOT
@@ -38,7 +38,7 @@ def inference_port(tmp_path):
 
 
 def discover(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "daemon.cli", "discover", "--timeout", "2", *args],
+    return subprocess.run([sys.executable, "-m", "slotune.cli", "discover", "--timeout", "2", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 

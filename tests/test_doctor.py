@@ -1,8 +1,8 @@
 """`slotune doctor` against the live kernel, and its verdict logic."""
 import argparse
 
-from daemon.host import kernel_features as kf
-from daemon.commands import doctor
+from slotune.host import kernel_features as kf
+from slotune.commands import doctor
 from tests.conftest import run_slotune
 
 

@@ -15,11 +15,11 @@ import weakref
 
 import numpy as np
 
-from daemon.attribution import spans
-from daemon.attribution.explain import explain_all
-from daemon.model.columns import History
-from daemon.model.histogram import BucketHistogram, Histogram
-from daemon.model.window import EBPF_LATENCY, Window
+from slotune.attribution import spans
+from slotune.attribution.explain import explain_all
+from slotune.model.columns import History
+from slotune.model.histogram import BucketHistogram, Histogram
+from slotune.model.window import EBPF_LATENCY, Window
 
 BOUNDS = (.005, .01, .025, .05, .075, .1, .15, .2, .3, .5, .75, 1, 1.5, 2, 3, 5, 10, math.inf)
 CALLS = {"gateway": ("inference", "tools"), "inference": (), "tools": ()}

@@ -13,10 +13,10 @@ from prometheus_client import (CollectorRegistry, Counter, Enum, Gauge, GCCollec
                                PlatformCollector, ProcessCollector, Summary, generate_latest)
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.collectors import exposition, service_metrics
-from daemon.collectors.client_body import Known
-from daemon.collectors.exposition import BUILT, families
-from daemon.profiles import reference
+from slotune.collectors import exposition, service_metrics
+from slotune.collectors.client_body import Known
+from slotune.collectors.exposition import BUILT, families
+from slotune.profiles import reference
 from tests.profiles import exposition as engines
 
 

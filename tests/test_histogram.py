@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from daemon.model.histogram import (BUCKETS_PER_OCTAVE, SLOTS, BucketHistogram, Histogram, export_bounds,
+from slotune.model.histogram import (BUCKETS_PER_OCTAVE, SLOTS, BucketHistogram, Histogram, export_bounds,
                                     slot_bounds, slot_of)
 
 

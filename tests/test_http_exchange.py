@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from daemon.host.http_exchange import TooLarge, exchange
+from slotune.host.http_exchange import TooLarge, exchange
 from tests.actuators.real_servers import nginx
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"

@@ -1,7 +1,7 @@
 """A plain `pip install slotune` (no extras) into a fresh virtual environment
 gives a daemon that starts: the CLI, `doctor`, `status` and `run` work without
 the reference stack's packages (aiohttp, redis, torch) or the report's
-(matplotlib), and no daemon module outside daemon/demo imports them.
+(matplotlib), and no installed module imports them.
 
 The venv has no system site-packages, so the distro's bcc is absent too: the
 daemon must then start degraded (kernel probes off), never with a traceback.
@@ -26,8 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 PIP_CACHE = Path(os.environ.get("SLOTUNE_PIP_CACHE", "/tmp/slotune-pip-cache"))
 EXTRAS_ONLY = ("aiohttp", "redis", "torch", "matplotlib")      # [stack] and [report]
-# What no daemon module outside daemon/demo may import (reference_stack ships in the
-# same distribution, but only the demo may use it).
+# What no installed module may import (reference_stack runs from a checkout, for the demo).
 FORBIDDEN = EXTRAS_ONLY + ("reference_stack",)
 # Left out of the copy that is installed: build outputs and the checkout's own venv.
 NOT_COPIED = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__",
@@ -93,9 +92,20 @@ def test_the_default_install_pulls_in_neither_the_stack_nor_the_report(venv):
     assert present == [], f"installed without being asked for: {present}"
 
 
-def test_the_benches_and_tests_are_not_installed(venv):
-    probe = venv.run(venv.python, "-c", "import importlib.util as u; print(u.find_spec('bench'), u.find_spec('tests'))")
-    assert probe.returncode == 0 and probe.stdout.split() == ["None", "None"], probe.stdout + probe.stderr
+def test_one_import_package_and_nothing_from_the_checkout(venv):
+    """slotune claims no generic top-level name (daemon is python-daemon's), and the benches,
+    tests, demo and stack run from a checkout."""
+    names = ("bench", "tests", "daemon", "tuners", "bpf", "reference_stack", "slotune.demo")
+    probe = venv.run(venv.python, "-c", "import importlib.util as u, json, slotune.tuners, slotune.bpf; "
+                     f"print(json.dumps([n for n in {names!r} if u.find_spec(n)]))")
+    assert probe.returncode == 0, probe.stderr
+    assert json.loads(probe.stdout) == [], probe.stdout
+
+
+def test_the_demo_says_it_runs_from_a_checkout(venv):
+    out = venv.slotune("demo", "--run-dir", venv.path.parent / "demo")
+    assert out.returncode == 2 and "runs from a checkout" in out.stderr, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr
 
 
 def test_help(venv):
@@ -187,12 +197,10 @@ slo_p99_ms = 250
 def test_daemon_modules_import_without_the_stack_or_the_report(venv):
     script = f"""
 import importlib, json, pkgutil, sys
-import daemon
-assert "site-packages" in daemon.__file__, daemon.__file__
+import slotune
+assert "site-packages" in slotune.__file__, slotune.__file__
 names = []
-for info in pkgutil.walk_packages(daemon.__path__, "daemon."):
-    if info.name == "daemon.demo" or info.name.startswith("daemon.demo."):
-        continue
+for info in pkgutil.walk_packages(slotune.__path__, "slotune."):
     importlib.import_module(info.name)
     names.append(info.name)
 loaded = sorted({{m.split(".")[0] for m in sys.modules}} & set({FORBIDDEN!r}))
@@ -202,5 +210,5 @@ print(json.dumps({{"modules": names, "forbidden": loaded}}))
     assert out.returncode == 0, out.stderr
     found = json.loads(out.stdout.strip().splitlines()[-1])
     assert len(found["modules"]) > 20, found["modules"]
-    assert "daemon.process" in found["modules"] and "daemon.cli" in found["modules"]
+    assert "slotune.process" in found["modules"] and "slotune.cli" in found["modules"]
     assert found["forbidden"] == []

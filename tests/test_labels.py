@@ -2,7 +2,7 @@
 parse(key(labels)) gives them back, and no value can add or change another label."""
 from hypothesis import given, settings, strategies as st
 
-from daemon.model import labels
+from slotune.model import labels
 
 NAMES = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,8}", fullmatch=True).filter(lambda k: k != "le")
 

@@ -2,23 +2,27 @@
 not import bench/ or tests/ (issue 39: config knew every subsystem, and a cycle
 between config, control, collectors, export, store and profiles hid behind
 function-level imports). Every import counts, at the top of a module or inside
-a function."""
+a function; only those under `if TYPE_CHECKING:` do not, as they never run (a tuner
+names control's Inputs type for its signature)."""
 import ast
 from collections import defaultdict
 
 from tests.conftest import ROOT
 
-DAEMON = ROOT / "daemon"
+# The folders the `slotune` import package is made of (pyproject.toml, setup.py).
+PACKAGE = {"daemon": "slotune", "tuners": "slotune.tuners", "bpf": "slotune.bpf"}
 
 
 def _modules():
-    """Every module under daemon/, by its dotted name."""
+    """Every module of the slotune package, by its dotted name (daemon/config.py is
+    slotune.config, tuners/throttle.py slotune.tuners.throttle)."""
     mods = {}
-    for path in DAEMON.rglob("*.py"):
-        parts = list(path.relative_to(ROOT).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        mods[".".join(parts)] = path
+    for folder, name in PACKAGE.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            mods[".".join([name, *parts])] = path
     return mods
 
 
@@ -27,7 +31,11 @@ def _imports(name, path, mods):
     pkg.name where that is a module, else pkg."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+            node.body = []      # names for the type checker only: nothing is imported at run time
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -43,7 +51,7 @@ def _imports(name, path, mods):
 
 
 def _layer(module):
-    """daemon.control.loop -> daemon.control; daemon.config -> daemon.config."""
+    """slotune.control.loop -> slotune.control; slotune.config -> slotune.config."""
     return ".".join(module.split(".")[:2])
 
 
@@ -54,9 +62,9 @@ def _graph():
     for name, path in sorted(mods.items()):
         for dep in sorted(_imports(name, path, mods)):
             top = dep.split(".")[0]
-            if top in ("bench", "tests"):
+            if top in ("bench", "tests", *PACKAGE):
                 foreign.append(f"{name} -> {dep}")
-            if top != "daemon" or dep == "daemon":
+            if top != "slotune" or dep == "slotune":
                 continue
             a, b = _layer(name), _layer(dep)
             if a != b:
@@ -104,4 +112,17 @@ def test_the_daemon_packages_import_one_another_without_a_cycle():
 
 def test_the_daemon_imports_neither_bench_nor_tests():
     _, foreign = _graph()
-    assert not foreign, "the installed daemon must not need bench/ or tests/:\n  " + "\n  ".join(foreign)
+    assert not foreign, "the installed daemon needs neither bench/ nor tests/, and names its own modules " \
+        "slotune.*, never by their folders (daemon, tuners, bpf):\n  " + "\n  ".join(foreign)
+
+
+def test_the_checkout_imports_slotune_by_its_one_name():
+    """From the checkout's root `import daemon` would also work and load a second copy of
+    every module beside slotune's: bench/, tests/ and the stack use the one name."""
+    old = []
+    for folder in ("bench", "tests", "reference_stack", "scripts"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for dep in _imports(path.stem, path, {}):
+                if dep.split(".")[0] in PACKAGE:
+                    old.append(f"{path.relative_to(ROOT)} -> {dep}")
+    assert not old, "import slotune.*, not the folders:\n  " + "\n  ".join(old)

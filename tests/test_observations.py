@@ -11,14 +11,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from daemon.config import ServiceConf, TunerConf
-from daemon.control import observations
-from daemon.control.observations import MIN_REQUESTS, Inputs, queue_p99
-from daemon.control.tuner_specs import SPECS
-from daemon.model.histogram import BucketHistogram, Histogram
-from daemon.model.service import ServiceSpec
-from daemon.model.window import Window
-from tuners import batch, budget, degrade, throttle
+from slotune.config import ServiceConf, TunerConf
+from slotune.control import observations
+from slotune.control.observations import MIN_REQUESTS, Inputs, queue_p99
+from slotune.control.tuner_specs import SPECS
+from slotune.model.histogram import BucketHistogram, Histogram
+from slotune.model.service import ServiceSpec
+from slotune.model.window import Window
+from slotune.tuners import batch, budget, degrade, throttle
 
 
 def counts(bounds, values) -> BucketHistogram:

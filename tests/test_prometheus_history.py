@@ -11,8 +11,8 @@ from urllib.request import urlopen
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
 
-from daemon.store.baselines import BaselineStore
-from daemon.store.prometheus_history import DEPLOY_INFO, PrometheusError, PrometheusHistory, history_query
+from slotune.store.baselines import BaselineStore
+from slotune.store.prometheus_history import DEPLOY_INFO, PrometheusError, PrometheusHistory, history_query
 from tests.conftest import run_slotune
 
 HISTOGRAM = "slotune_http_request_duration_seconds"

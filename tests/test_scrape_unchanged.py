@@ -3,9 +3,9 @@ not parsed again: its sample is the same as when it was (zero deltas), and a
 change of body, or of the families read, is parsed afresh. Real HTTP on loopback."""
 import pytest
 
-from daemon.collectors import service_metrics
-from daemon.collectors.service_metrics import ServiceMetricsCollector
-from daemon.model.service import ServiceSpec
+from slotune.collectors import service_metrics
+from slotune.collectors.service_metrics import ServiceMetricsCollector
+from slotune.model.service import ServiceSpec
 from tests.profiles.test_profiles import Exposition
 
 

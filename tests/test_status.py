@@ -1,5 +1,5 @@
 """What `slotune status` prints from the daemon's /status document."""
-from daemon.export.status_table import render
+from slotune.export.status_table import render
 
 
 def service(p99_s, top="", shares=None, reachable=True):

@@ -13,7 +13,7 @@ import tomllib
 import pytest
 
 from bench.unit_sandbox import UNIT, unit_privileges, unit_section, unit_values, unit_view
-from daemon.host import sdnotify
+from slotune.host import sdnotify
 from reference_stack import launcher
 from tests.conftest import ROOT
 
@@ -113,7 +113,7 @@ slo_p99_ms = 100
     log, trace = tmp_path / "daemon.log", tmp_path / "syscalls"
     with open(log, "wb") as out:
         tracer = subprocess.Popen(["strace", "-f", "-qq", "-s", "64", "-e", "trace=rt_sigaction,sendto,sendmsg",
-                                   "-o", str(trace), sys.executable, "-m", "daemon.cli", "run", "--config", str(conf)],
+                                   "-o", str(trace), sys.executable, "-m", "slotune.cli", "run", "--config", str(conf)],
                                   cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     daemon = None
     try:

@@ -35,9 +35,9 @@ REFUSED_AND_IGNORED = {"mbind": "OpenBLAS (numpy's) asks to keep the buffers it 
 # Run in the sandbox: each actuator reads its setting and pushes one more; what became of each, as JSON.
 PUSH_EACH = """
 import json, sys
-from daemon.actuators.file import FileActuator
-from daemon.actuators.haproxy import HaproxyActuator
-from daemon.actuators.nginx import NginxActuator
+from slotune.actuators.file import FileActuator
+from slotune.actuators.haproxy import HaproxyActuator
+from slotune.actuators.nginx import NginxActuator
 at = json.loads(sys.argv[1])
 actuators = {
     "file": FileActuator(at["settings"], at["service_pid_file"], "SIGHUP", owns=lambda pid: pid == at["service"]),

@@ -2,11 +2,11 @@
 came from different sources (a missed scrape falls back to eBPF)."""
 import numpy as np
 
-from daemon.model.sample import Sample
-from daemon.collectors.service_metrics import parse
-from daemon.model.histogram import Histogram
-from daemon.model.service import ServiceSpec
-from daemon.model.window import EBPF_TPOT, EBPF_TTFT, Window, build, merged_latency, merged_tokens
+from slotune.model.sample import Sample
+from slotune.collectors.service_metrics import parse
+from slotune.model.histogram import Histogram
+from slotune.model.service import ServiceSpec
+from slotune.model.window import EBPF_TPOT, EBPF_TTFT, Window, build, merged_latency, merged_tokens
 
 API = ServiceSpec("api", metrics_url="http://127.0.0.1:1/metrics", latency_metric="api_request_duration_seconds")
 

@@ -6,7 +6,7 @@ steers on), and ALERT for one that only raises alerts or to_settings for one tha
 decides in its own terms. Every module here with POLICIES is a tuner: TUNERS
 finds it, and the config, the control loop and the tests take it from there.
 
-    from tuners import TUNERS, policy
+    from slotune.tuners import TUNERS, policy
     p = policy("throttle")                      # slotune's default
     state = p.initial_state({"concurrency_limit": 32})
     state, decision = p.decide(state, throttle.Observation(...))
@@ -17,7 +17,7 @@ import importlib
 import pkgutil
 from types import ModuleType
 
-from tuners.base import Decision, Policy
+from slotune.tuners.base import Decision, Policy
 
 TUNERS: dict[str, ModuleType] = {}
 for _found in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):

@@ -9,10 +9,10 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from tuners.base import Decision, Policy, Spec, changed, clamp, setting
+from slotune.tuners.base import Decision, Policy, Spec, changed, clamp, setting
 
 if TYPE_CHECKING:
-    from daemon.control.observations import Inputs
+    from slotune.control.observations import Inputs
 
 INTERVAL_S = 5.0
 SPEC = Spec(("max_batch_size", "max_queue_delay_ms"))

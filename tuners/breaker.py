@@ -10,10 +10,10 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from tuners.base import Decision, Option, Policy, Spec, setting
+from slotune.tuners.base import Decision, Option, Policy, Spec, setting
 
 if TYPE_CHECKING:
-    from daemon.control.observations import Inputs
+    from slotune.control.observations import Inputs
 
 INTERVAL_S = 1.0
 NAMES = ("breaker_failure_threshold", "breaker_consecutive_failures", "breaker_open_s")

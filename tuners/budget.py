@@ -9,10 +9,10 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tuners.base import Decision, Option, Policy, Spec, changed
+from slotune.tuners.base import Decision, Option, Policy, Spec, changed
 
 if TYPE_CHECKING:
-    from daemon.control.observations import Inputs
+    from slotune.control.observations import Inputs
 
 INTERVAL_S = 10.0
 PREFIX = "budget_weight."

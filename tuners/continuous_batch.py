@@ -54,11 +54,11 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from tuners.base import Decision, Policy, Spec, changed, clamp, setting
-from tuners.batch import whitepaper_size
+from slotune.tuners.base import Decision, Policy, Spec, changed, clamp, setting
+from slotune.tuners.batch import whitepaper_size
 
 if TYPE_CHECKING:
-    from daemon.control.observations import Inputs
+    from slotune.control.observations import Inputs
 
 INTERVAL_S = 2.0
 SEQS, TOKENS = "max_num_seqs", "max_num_batched_tokens"

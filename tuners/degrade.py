@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tuners.base import P99_AIM, Decision, Option, Policy, Spec, changed, clamp, setting
+from slotune.tuners.base import P99_AIM, Decision, Option, Policy, Spec, changed, clamp, setting
 
 if TYPE_CHECKING:
-    from daemon.control.observations import Inputs
+    from slotune.control.observations import Inputs
 
 INTERVAL_S = 1.0
 SETTING = "degrade_ratio"

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 from scipy import stats
 
-from tuners.base import Alert, Decision, Option, Policy, Spec
+from slotune.tuners.base import Alert, Decision, Option, Policy, Spec
 
 if TYPE_CHECKING:
-    from daemon.control.observations import Inputs
+    from slotune.control.observations import Inputs
 
 INTERVAL_S = 3600.0
 METRIC = "latency_p99_seconds"   # what its baselines are kept of (daemon/store), and its alert names

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from tuners.base import Decision, Option, Policy, Spec, changed, clamp, setting
+from slotune.tuners.base import Decision, Option, Policy, Spec, changed, clamp, setting
 
 if TYPE_CHECKING:
-    from daemon.control.observations import Inputs
+    from slotune.control.observations import Inputs
 
 INTERVAL_S = 1.0
 SPEC = Spec(("trace_sample_rate", "trace_keep_slower_than_s"),

@@ -11,11 +11,11 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from tuners import degrade
-from tuners.base import P99_AIM, Decision, Policy, Spec, changed, clamp, setting
+from slotune.tuners import degrade
+from slotune.tuners.base import P99_AIM, Decision, Policy, Spec, changed, clamp, setting
 
 if TYPE_CHECKING:
-    from daemon.control.observations import Inputs
+    from slotune.control.observations import Inputs
 
 INTERVAL_S = 1.0
 SPEC = Spec(("concurrency_limit",), {"whitepaper": ("rate_limit_rps",)})

@@ -8,7 +8,7 @@ import functools
 import numpy as np
 
 from bench.sim import arrivals, batcher
-from tuners import batch
+from slotune.tuners import batch
 
 SCENARIOS = ("step", "ramp", "diurnal", "heavy_tail", "bursts", "capacity_drop", "low_traffic")
 POLICIES = ("slotune", "whitepaper", "clipper_aimd", "triton", "oracle")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tuners import batch
+from slotune.tuners import batch
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tuners import breaker
+from slotune.tuners import breaker
 
 SCENARIOS = ("null", "outage", "partial_outage", "degraded", "flapping", "error_bursts", "low_traffic")
 POLICIES = ("slotune", "whitepaper", "pybreaker", "resilience4j")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tuners import budget
+from slotune.tuners import budget
 
 SCENARIOS = ("matched", "mismatched", "shift", "heavy_tail", "low_traffic")
 POLICIES = ("slotune", "whitepaper", "equal")

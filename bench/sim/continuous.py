@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tuners import continuous_batch as cb
+from slotune.tuners import continuous_batch as cb
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ import functools
 import numpy as np
 
 from bench.sim import arrivals, continuous as sim
-from tuners import continuous_batch as cb
-from tuners.base import Decision, Policy
+from slotune.tuners import continuous_batch as cb
+from slotune.tuners.base import Decision, Policy
 
 SCENARIOS = ("load_step", "ramp", "long_prompt_burst", "output_shift", "kv_pressure")
 POLICIES = ("slotune", "whitepaper", "vllm_default", "sarathi", "oracle")

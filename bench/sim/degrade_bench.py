@@ -19,8 +19,8 @@ import itertools
 import numpy as np
 
 from bench.sim import arrivals, service
-from tuners import degrade, throttle
-from tuners.base import Decision, Policy
+from slotune.tuners import degrade, throttle
+from slotune.tuners.base import Decision, Policy
 
 SLO_P99_OF_FULL = 1.5            # SLO = 1.5 x the no-load P99 of full answers, as the throttle bench's
 SLO_S = float(SLO_P99_OF_FULL * 0.040 * np.exp(2.326 * 0.5))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tuners import drift
+from slotune.tuners import drift
 
 SCENARIOS = ("null", "null_heavy", "null_low_traffic", "shift_10", "shift_20", "shift_10_heavy", "creep_10")
 POLICIES = ("slotune", "whitepaper", "zscore", "cusum", "page_hinkley", "ks")

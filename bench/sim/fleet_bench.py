@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 
-from tuners import drift
+from slotune.tuners import drift
 
 HOSTS = 50
 DAY, HOUR, WEEK_MIN = 1440, 60, 7 * 1440

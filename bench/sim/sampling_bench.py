@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from bench.sim import arrivals
-from tuners import sampling
+from slotune.tuners import sampling
 
 SCENARIOS = ("step", "ramp", "diurnal", "heavy_tail", "bursts", "error_bursts", "low_traffic")
 POLICIES = ("slotune", "whitepaper", "jaeger")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tuners import degrade, throttle
+from slotune.tuners import degrade, throttle
 
 
 @dataclass(frozen=True)

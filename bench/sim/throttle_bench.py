@@ -8,7 +8,7 @@ import functools
 import numpy as np
 
 from bench.sim import arrivals, service
-from tuners import throttle
+from slotune.tuners import throttle
 
 BASE = service.ServiceModel(workers=8, median_s=0.040, sigma=0.5, slo_s=0.0)
 SCENARIOS = ("step", "ramp", "diurnal", "heavy_tail", "bursts", "capacity_drop", "low_traffic")

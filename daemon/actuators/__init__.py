@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Callable, Protocol
 
-from daemon.model.errors import ActuatorError as ActuatorError
+from slotune.model.errors import ActuatorError as ActuatorError
 
 
 class Actuator(Protocol):

@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from urllib.parse import urlencode
 
-from daemon.actuators import ActuatorError, Control, Option, Targets, as_settings, http_url, on_service, plain, verified
-from daemon.actuators.http_json import call, call_json
-from daemon.profiles.envoy import target_error as target_error
+from slotune.actuators import ActuatorError, Control, Option, Targets, as_settings, http_url, on_service, plain, verified
+from slotune.actuators.http_json import call, call_json
+from slotune.profiles.envoy import target_error as target_error
 
 
 KIND = "envoy"

@@ -12,9 +12,9 @@ import signal as signals
 from pathlib import Path
 from typing import Callable
 
-from daemon.actuators import ActuatorError, Control, Option, numeric_settings, plain
-from daemon.host.safe_files import read_regular, replace_file
-from daemon.host.untrusted import Untrusted, json_value
+from slotune.actuators import ActuatorError, Control, Option, numeric_settings, plain
+from slotune.host.safe_files import read_regular, replace_file
+from slotune.host.untrusted import Untrusted, json_value
 
 SETTINGS_MAX_BYTES = 1 << 20
 PID_FILE_MAX_BYTES = 64

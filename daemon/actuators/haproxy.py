@@ -15,9 +15,9 @@ import re
 import socket
 import time
 
-from daemon.actuators import ActuatorError, Control, Option, Targets, read_back
-from daemon.profiles.haproxy import FORMS, form
-from daemon.profiles.haproxy import target_error as target_error
+from slotune.actuators import ActuatorError, Control, Option, Targets, read_back
+from slotune.profiles.haproxy import FORMS, form
+from slotune.profiles.haproxy import target_error as target_error
 
 MAX_ANSWER_BYTES = 4 << 20
 LARGEST = 2**31 - 1          # HAProxy's limits are signed 32-bit

@@ -9,10 +9,10 @@ from __future__ import annotations
 import http.client
 import json
 
-from daemon.actuators import ActuatorError, Control, Option, http_url, numeric_settings, plain
-from daemon.host.safe_files import read_token
-from daemon.host.http_exchange import TooLarge, exchange
-from daemon.host.untrusted import Untrusted, json_value
+from slotune.actuators import ActuatorError, Control, Option, http_url, numeric_settings, plain
+from slotune.host.safe_files import read_token
+from slotune.host.http_exchange import TooLarge, exchange
+from slotune.host.untrusted import Untrusted, json_value
 
 MAX_ANSWER_BYTES = 1 << 20
 DETAIL_CHARS = 200      # of an error answer, quoted in the message

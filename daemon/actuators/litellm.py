@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from daemon.actuators import (ActuatorError, Control, Option, Targets, as_settings, http_url, numeric_settings,
+from slotune.actuators import (ActuatorError, Control, Option, Targets, as_settings, http_url, numeric_settings,
                               on_service, plain, verified)
-from daemon.actuators.http_json import call_json
-from daemon.host.safe_files import read_token
-from daemon.profiles.litellm import LIMITS
-from daemon.profiles.litellm import target_error as target_error
+from slotune.actuators.http_json import call_json
+from slotune.host.safe_files import read_token
+from slotune.profiles.litellm import LIMITS
+from slotune.profiles.litellm import target_error as target_error
 
 PER_MINUTE = ("rpm_limit", "tpm_limit")
 

@@ -17,10 +17,10 @@ import re
 import subprocess
 import time
 
-from daemon.actuators import ActuatorError, Control, Option, Targets, plain, read_back
-from daemon.host.proc_clock import CLOCK_TICKS, uptime_s
-from daemon.host.safe_files import read_regular, replace_file
-from daemon.profiles.nginx import target_error as target_error
+from slotune.actuators import ActuatorError, Control, Option, Targets, plain, read_back
+from slotune.host.proc_clock import CLOCK_TICKS, uptime_s
+from slotune.host.safe_files import read_regular, replace_file
+from slotune.profiles.nginx import target_error as target_error
 
 INCLUDE_MAX_BYTES = 1 << 16
 PID_FILE_MAX_BYTES = 64

@@ -2,9 +2,9 @@
 answers {"settings": {...}} and whose PATCH takes {key: value} (http_json.py)."""
 from __future__ import annotations
 
-from daemon.actuators import Control
-from daemon.actuators.http_json import OPTIONS as OPTIONS
-from daemon.actuators.http_json import HttpJsonActuator
+from slotune.actuators import Control
+from slotune.actuators.http_json import OPTIONS as OPTIONS
+from slotune.actuators.http_json import HttpJsonActuator
 
 KIND = "reference"
 TARGETS = None

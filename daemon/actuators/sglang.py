@@ -9,10 +9,10 @@ sgl-project/sglang python/sglang/srt/entrypoints/http_server.py (set_internal_st
 get_server_info); which keys are live depends on the server's version."""
 from __future__ import annotations
 
-from daemon.actuators import (ActuatorError, Control, Option, Targets, as_settings, http_url, numeric_settings,
+from slotune.actuators import (ActuatorError, Control, Option, Targets, as_settings, http_url, numeric_settings,
                               on_service, plain, verified)
-from daemon.actuators.http_json import call_json
-from daemon.profiles.sglang import target_error as target_error
+from slotune.actuators.http_json import call_json
+from slotune.profiles.sglang import target_error as target_error
 
 
 KIND = "sglang"

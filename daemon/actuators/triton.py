@@ -16,9 +16,9 @@ import math
 import re
 from urllib.parse import quote
 
-from daemon.actuators import ActuatorError, Control, Option, Targets, http_url, numeric_settings, verified
-from daemon.actuators.http_json import call_json
-from daemon.profiles.triton import target_error as target_error
+from slotune.actuators import ActuatorError, Control, Option, Targets, http_url, numeric_settings, verified
+from slotune.actuators.http_json import call_json
+from slotune.profiles.triton import target_error as target_error
 
 
 KIND = "triton"

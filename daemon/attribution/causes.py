@@ -9,9 +9,9 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from daemon.model import labels
-from daemon.model.histogram import BucketHistogram, Histogram, add_into, merged
-from daemon.model.window import Window
+from slotune.model import labels
+from slotune.model.histogram import BucketHistogram, Histogram, add_into, merged
+from slotune.model.window import Window
 
 # Syscall classes (bpf/offcpu.bpf.c) that stall the thread that makes them:
 # sleeps, file reads/writes, and the rest (fsync, ...). poll and futex are how

@@ -57,11 +57,11 @@ from typing import Mapping, Sequence
 import numpy as np
 from scipy.optimize import nnls
 
-from daemon.attribution import causes
-from daemon.attribution.spans import (TOKENS, Stats, baseline_spans, ended, jitter_rows, stats,
+from slotune.attribution import causes
+from slotune.attribution.spans import (TOKENS, Stats, baseline_spans, ended, jitter_rows, stats,
                                       timed, timed_column, timing_source)
-from daemon.model.columns import column
-from daemon.model.window import Window
+from slotune.model.columns import column
+from slotune.model.window import Window
 
 
 DOMINANT_SHARE = 0.2     # a cause above this share of the growth is named

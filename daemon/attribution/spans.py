@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Any, Sequence
 
-from daemon.attribution import causes
-from daemon.model.columns import column, continued, handed
-from daemon.model.histogram import add_into
-from daemon.model.window import EBPF_ARRIVED, EBPF_LATENCY, Window, merged_latency, merged_tokens
+from slotune.attribution import causes
+from slotune.model.columns import column, continued, handed
+from slotune.model.histogram import add_into
+from slotune.model.window import EBPF_ARRIVED, EBPF_LATENCY, Window, merged_latency, merged_tokens
 
 TOKENS = {"ttft": "TTFT", "tpot": "TPOT"}   # the token timings explained beside the latency, as users name them
 SAME_REQUESTS = 0.8       # the kernel's request count within this of the service's own: same requests

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Iterable, Protocol
 
-from daemon.model.sample import Sample
-from daemon.model.service import ServiceSpec
+from slotune.model.sample import Sample
+from slotune.model.service import ServiceSpec
 
 
 class Collector(Protocol):

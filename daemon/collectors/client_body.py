@@ -13,10 +13,10 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from daemon.collectors.exposition import (BUILT, HEADER, LABELS, NUMBER, SAMPLE_LINE, family_name, number,
+from slotune.collectors.exposition import (BUILT, HEADER, LABELS, NUMBER, SAMPLE_LINE, family_name, number,
                                           sample_name)
-from daemon.model import labels
-from daemon.model.sample import Key
+from slotune.model import labels
+from slotune.model.sample import Key
 
 KNOWN_LINES = 16384        # per service, what a sample line's name and labels mean
 _TAIL = rf"{NUMBER}(?: +-?[0-9]+)?"          # a sample line's value, and timestamp if any

@@ -16,13 +16,13 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Callable
 
-from daemon.collectors.client_body import Known, Shape, sample_meaning
-from daemon.collectors.exposition import client_form, families
-from daemon.host.http_exchange import TooLarge, exchange
-from daemon.model.sample import Key, Sample
-from daemon.model.histogram import BucketHistogram
-from daemon.model.service import ServiceSpec
-from daemon import profiles
+from slotune.collectors.client_body import Known, Shape, sample_meaning
+from slotune.collectors.exposition import client_form, families
+from slotune.host.http_exchange import TooLarge, exchange
+from slotune.model.sample import Key, Sample
+from slotune.model.histogram import BucketHistogram
+from slotune.model.service import ServiceSpec
+from slotune import profiles
 
 log = logging.getLogger(__name__)
 

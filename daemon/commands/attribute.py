@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
-from daemon.commands.status import fetch
+from slotune.commands.status import fetch
 
 NAME = "attribute"
 HELP = "explain what made a service's latency grow, and its jitter, by cause (share, evidence, the path through downstream services)"

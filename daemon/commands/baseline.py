@@ -14,8 +14,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
 
-from daemon.store.baselines import BaselineStore, Summary, UnknownBaseline
-from daemon.store.prometheus_history import (DEPLOY_INFO, STORE_METRICS, PrometheusError, PrometheusHistory,
+from slotune.store.baselines import BaselineStore, Summary, UnknownBaseline
+from slotune.store.prometheus_history import (DEPLOY_INFO, STORE_METRICS, PrometheusError, PrometheusHistory,
                                              history_query, label_value)
 
 NAME = "baseline"
@@ -78,7 +78,7 @@ def load_config(args):
     path = args.config or (DEFAULT_CONFIG if Path(DEFAULT_CONFIG).is_file() and not args.store else None)
     if path is None:
         return None
-    from daemon import config
+    from slotune import config
     return config.load(path)
 
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
-from daemon.export import dashboards
+from slotune.export import dashboards
 
 NAME = "dashboards"
 HELP = "write the Grafana dashboards and provisioning files (install) or upload them to Grafana (push)"

@@ -39,19 +39,34 @@ def default_run_dir(args) -> Path:
     return Path("/tmp/slotune-demo" + ("-fleet" if args.fleet is not None else "-llm" if args.llm else ""))
 
 
+def the_stack_from_the_checkout() -> bool:
+    """The demo and the reference stack it starts run from a checkout (daemon/demo and
+    reference_stack/ are not installed): put the checkout on the path, or say so."""
+    checkout = Path(__file__).resolve().parents[2]        # daemon/commands/demo.py -> the checkout
+    if (checkout / "daemon" / "demo").is_dir() and (checkout / "reference_stack" / "__init__.py").is_file():
+        if str(checkout) not in sys.path:
+            sys.path.insert(0, str(checkout))
+        return True
+    print("slotune demo: runs from a checkout of slotune (the demo and its reference stack are not "
+          "installed): git clone the project, then `make demo` there", file=sys.stderr)
+    return False
+
+
 def run(args) -> int:
     args.run_dir = args.run_dir or default_run_dir(args)
+    if not the_stack_from_the_checkout():
+        return 2
     if (args.capacity is not None and args.capacity <= 0) or args.scale <= 0:
         print("slotune demo: --capacity and --scale must be > 0", file=sys.stderr)
         return 2
     if args.fleet is not None:
-        from daemon.demo import fleet
+        from slotune.demo import fleet
         try:
             return fleet.run(args.run_dir, args.fleet)
         except (RuntimeError, ValueError) as exc:
             print(f"slotune demo --fleet: {exc}", file=sys.stderr)
             return 1
-    from daemon.demo import run as demo
+    from slotune.demo import run as demo
     try:
         path = demo.run(args.run_dir, args.capacity, args.scale, args.dry_run, llm=args.llm)
     except RuntimeError as exc:

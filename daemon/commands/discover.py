@@ -19,13 +19,13 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon import config, profiles
-from daemon.collectors.kernel.targeting import command_line, listening_rows, netns_of, socket_inodes
-from daemon.collectors.service_metrics import parse_stub_status
-from daemon.profiles.haproxy import target_error
-from daemon.control.tuner_specs import SPECS
-from daemon.host.http_exchange import exchange
-from daemon.profiles import haproxy_config
+from slotune import config, profiles
+from slotune.collectors.kernel.targeting import command_line, listening_rows, netns_of, socket_inodes
+from slotune.collectors.service_metrics import parse_stub_status
+from slotune.profiles.haproxy import target_error
+from slotune.control.tuner_specs import SPECS
+from slotune.host.http_exchange import exchange
+from slotune.profiles import haproxy_config
 
 NAME = "discover"
 HELP = "list this host's listening services, what slotune recognises of each, and write a starter config"

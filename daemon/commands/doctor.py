@@ -6,11 +6,11 @@ import socket
 from urllib.parse import urlparse
 from urllib.request import urlopen
 
-from daemon import config
-from daemon.collectors.kernel import sockets
-from daemon.collectors.kernel.families import FAMILIES
-from daemon.collectors.kernel.helpers import missing
-from daemon.host import kernel_features as kf
+from slotune import config
+from slotune.collectors.kernel import sockets
+from slotune.collectors.kernel.families import FAMILIES
+from slotune.collectors.kernel.helpers import missing
+from slotune.host import kernel_features as kf
 
 NAME = "doctor"
 HELP = "check this host: privileges, BTF, tracefs, BCC, probe kinds, headers, NVML, Prometheus, Redis"
@@ -83,7 +83,7 @@ def check_families() -> list[kf.Finding]:
 
 
 def check_nvml() -> kf.Finding:
-    from daemon.collectors.gpu import collector as nvml  # the collector's own start-up check, so both say the same
+    from slotune.collectors.gpu import collector as nvml  # the collector's own start-up check, so both say the same
     ok, detail, fix = nvml.probe()
     return kf.Finding("NVML", ok, detail, fix)
 

@@ -7,11 +7,11 @@ import sys
 import textwrap
 import time
 
-from daemon.collectors.kernel.collector import KernelCollector
-from daemon.collectors.kernel.families import FAMILIES, make_families
-from daemon.collectors.kernel.program import program_text
-from daemon.model.histogram import slot_bounds
-from daemon.model.service import ServiceSpec
+from slotune.collectors.kernel.collector import KernelCollector
+from slotune.collectors.kernel.families import FAMILIES, make_families
+from slotune.collectors.kernel.program import program_text
+from slotune.model.histogram import slot_bounds
+from slotune.model.service import ServiceSpec
 
 NAME = "probes"
 HELP = "list the kernel probes, print the BPF program slotune loads, or watch services through it"

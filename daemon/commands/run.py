@@ -4,8 +4,8 @@ from __future__ import annotations
 import logging
 import sys
 
-from daemon import config
-from daemon.host.untrusted import InertFormatter
+from slotune import config
+from slotune.host.untrusted import InertFormatter
 
 NAME = "run"
 HELP = "run the daemon: collect, attribute, tune and export until SIGTERM (SIGHUP reloads the config)"
@@ -32,7 +32,7 @@ def run(args) -> int:
     except config.ConfigError as exc:
         print(f"slotune: bad config: {exc}", file=sys.stderr)
         return 2
-    from daemon.process import Daemon
+    from slotune.process import Daemon
     try:
         daemon = Daemon(cfg, dry_run=args.dry_run, restore_on_exit=args.restore_on_exit)
         daemon.handle_signals()

@@ -6,8 +6,8 @@ import sys
 import time
 import urllib.request
 
-from daemon.export.status_table import render
-from daemon.host import untrusted
+from slotune.export.status_table import render
+from slotune.host import untrusted
 
 NAME = "status"
 HELP = "show the running daemon's live per-service table (P99 vs SLO, top cause, settings, decisions)"

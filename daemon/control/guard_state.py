@@ -13,8 +13,8 @@ import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from daemon.host.safe_files import set_aside
-from daemon.host.untrusted import json_value
+from slotune.host.safe_files import set_aside
+from slotune.host.untrusted import json_value
 
 log = logging.getLogger(__name__)
 VERSION = 1

@@ -18,16 +18,16 @@ import math
 from concurrent import futures
 from dataclasses import dataclass, field, replace
 
-from tuners.base import Alert
+from slotune.tuners.base import Alert
 
-from daemon.config import Bounds, Config, ServiceConf
-from daemon.control import observations
-from daemon.actuators import Actuator, ActuatorError, plain
-from daemon.store.audit import AuditError, AuditLog, Entry, Outcome
-from daemon.control.guard_state import GuardState
-from daemon.control.tuner_specs import SPECS
-from daemon.host.bulkheads import Bulkheads
-from daemon.model.interval import Interval
+from slotune.config import Bounds, Config, ServiceConf
+from slotune.control import observations
+from slotune.actuators import Actuator, ActuatorError, plain
+from slotune.store.audit import AuditError, AuditLog, Entry, Outcome
+from slotune.control.guard_state import GuardState
+from slotune.control.tuner_specs import SPECS
+from slotune.host.bulkheads import Bulkheads
+from slotune.model.interval import Interval
 
 log = logging.getLogger(__name__)
 ROLLBACK_WORSE = 1.25      # P99 this much worse than before the change ...

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Mapping
 
-from daemon.config import ServiceConf
-from daemon.model import labels
-from daemon.model.columns import column
-from daemon.model.histogram import add_into, merged
-from daemon.model.interval import Span
-from daemon.model.window import Window
+from slotune.config import ServiceConf
+from slotune.model import labels
+from slotune.model.columns import column
+from slotune.model.histogram import add_into, merged
+from slotune.model.interval import Span
+from slotune.model.window import Window
 
 MIN_REQUESTS = 5   # a window with fewer says little about a tail
 

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Mapping
 
-import tuners
-from tuners.base import Alert, Option, Policy
+from slotune import tuners
+from slotune.tuners.base import Alert, Option, Policy
 
-from daemon.control.observations import Inputs
+from slotune.control.observations import Inputs
 
 
 @dataclass(frozen=True)

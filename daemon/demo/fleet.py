@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from daemon.demo import fleet_hosts as fleet
+from slotune.demo import fleet_hosts as fleet
 
 FOR = "20s"          # the shipped rule waits 10 minutes; the demo's copy 20 s, nothing else differs
 

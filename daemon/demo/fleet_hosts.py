@@ -143,7 +143,7 @@ class Fleet:
             for h in self.hosts:
                 self._wait_exporter(h)
                 h.procs.append(self._spawn(h, "load", h.in_ns(
-                    sys.executable, "-m", "daemon.demo.fleet_hosts", "load", "--rate", str(self.rate),
+                    sys.executable, "-m", "slotune.demo.fleet_hosts", "load", "--rate", str(self.rate),
                     "--url", f"http://127.0.0.1:{h.state['ports']['inference']}/generate")))
             self._prometheus()
         except BaseException:
@@ -164,7 +164,7 @@ class Fleet:
 
     def _stacks(self) -> None:
         """Every host's stack at once, each started inside its namespace on the default ports."""
-        starts = {h.name: subprocess.Popen(h.in_ns(sys.executable, "-m", "daemon.demo.fleet_hosts", "stack",
+        starts = {h.name: subprocess.Popen(h.in_ns(sys.executable, "-m", "slotune.demo.fleet_hosts", "stack",
                                                    "--run-dir", str(h.work / "stack")),
                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
                   for h in self.hosts}
@@ -184,7 +184,7 @@ class Fleet:
 
     def _daemon(self, h: Host) -> None:
         (h.work / "slotune.toml").write_text(daemon_config(h))
-        h.procs.append(self._spawn(h, "daemon", h.in_ns(sys.executable, "-m", "daemon.cli", "run",
+        h.procs.append(self._spawn(h, "daemon", h.in_ns(sys.executable, "-m", "slotune.cli", "run",
                                                         "--config", str(h.work / "slotune.toml"))))
 
     def _wait_exporter(self, h: Host, timeout_s: float = 90) -> None:

@@ -14,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from daemon.store.audit import shown  # noqa: E402
+from slotune.store.audit import shown  # noqa: E402
 
 MARKS = {"pushed": ("^", "tab:green"), "rolled back": ("x", "tab:red"), "dry-run": ("o", "tab:gray")}
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from daemon.demo import report
-from daemon.export.status_table import render
-from daemon.demo.stack_config import DEMO_STACK_SETTINGS, LLM_INFERENCE_TUNERS, for_reference_stack
+from slotune.demo import report
+from slotune.export.status_table import render
+from slotune.demo.stack_config import DEMO_STACK_SETTINGS, LLM_INFERENCE_TUNERS, for_reference_stack
 from reference_stack import launcher, loadgen
 from reference_stack.llm import load as llm_load
 
@@ -77,7 +77,7 @@ def fetch_status(url: str) -> dict | None:
 
 
 def start_daemon(config_path: Path, run_dir: Path, url: str, dry_run: bool) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "daemon.cli", "run", "--config", str(config_path)] + (["--dry-run"] if dry_run else [])
+    argv = [sys.executable, "-m", "slotune.cli", "run", "--config", str(config_path)] + (["--dry-run"] if dry_run else [])
     log = open(run_dir / "daemon.log", "ab")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     deadline = time.monotonic() + 60

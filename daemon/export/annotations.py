@@ -9,10 +9,10 @@ import logging
 import socket
 from urllib.parse import urlparse
 
-from daemon.host.safe_files import read_token
-from daemon.model.errors import ActuatorError
-from daemon.store.audit import Entry
-from daemon.export.sinks import ExportCounters, Outbox
+from slotune.host.safe_files import read_token
+from slotune.model.errors import ActuatorError
+from slotune.store.audit import Entry
+from slotune.export.sinks import ExportCounters, Outbox
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 5.0

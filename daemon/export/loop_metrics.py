@@ -1,7 +1,7 @@
 """The control loop's view for Prometheus, built at scrape time from the last
 tick: per-service latency (and TTFT/TPOT) vs SLO and SLO-miss counters (for
 burn-rate alerts), settings, decisions and rollbacks, attribution shares and drift.
-(Collector and probe health come from daemon.export.samples.SampleExporter.)"""
+(Collector and probe health come from slotune.export.samples.SampleExporter.)"""
 from __future__ import annotations
 
 import math
@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from daemon.store.audit import Entry
-from daemon.model.window import Window
+from slotune.store.audit import Entry
+from slotune.model.window import Window
 
 QUANTILES = (0.5, 0.95, 0.99)
 

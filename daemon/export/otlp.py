@@ -13,8 +13,8 @@ import time
 from collections import defaultdict
 from importlib import metadata
 
-from daemon.store.audit import Entry, Outcome
-from daemon.export.sinks import ExportCounters, Outbox
+from slotune.store.audit import Entry, Outcome
+from slotune.export.sinks import ExportCounters, Outbox
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 5.0

@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from daemon.model.sample import Sample
-from daemon.model.histogram import Histogram, add_into, export_bounds
+from slotune.model.sample import Sample
+from slotune.model.histogram import Histogram, add_into, export_bounds
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class SampleExporter:
             return True
         if signal not in self._unknown:
             self._unknown.add(signal)
-            log.warning("signal %r (%s) has no metric in daemon.export.samples.SIGNALS; not exported "
+            log.warning("signal %r (%s) has no metric in slotune.export.samples.SIGNALS; not exported "
                         "(add it with register_signals)", signal, kind)
         return False
 

@@ -20,7 +20,7 @@ import psutil
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from daemon.host.untrusted import inert
+from slotune.host.untrusted import inert
 
 log = logging.getLogger(__name__)
 

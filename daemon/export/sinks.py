@@ -11,7 +11,7 @@ from typing import Callable
 
 from prometheus_client.core import CounterMetricFamily
 
-from daemon.store.audit import Entry, Outcome
+from slotune.store.audit import Entry, Outcome
 
 log = logging.getLogger(__name__)
 # The decisions operators are shown: what slotune changed, undid, failed to undo, or would not do.
@@ -137,7 +137,7 @@ class Sinks:
 
 def start(cfg, registry) -> Sinks:
     """The sinks cfg.export names, their counters registered in the daemon's registry."""
-    from daemon.export import annotations, otlp    # they build on Outbox, above
+    from slotune.export import annotations, otlp    # they build on Outbox, above
     counters = ExportCounters()
     registry.register(counters)
     out, conf = [], cfg.export

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import time
 
-from daemon.host import untrusted
-from daemon.store.audit import shown
+from slotune.host import untrusted
+from slotune.store.audit import shown
 
 
 def _ms(v) -> str:

@@ -14,7 +14,7 @@ from typing import Callable, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from daemon.host.untrusted import inert
+from slotune.host.untrusted import inert
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -24,7 +24,7 @@ import platform
 import stat
 import time
 
-from daemon.model.errors import ActuatorError
+from slotune.model.errors import ActuatorError
 
 TOKEN_MAX_BYTES = 4096
 NEW_FILE_MODE = 0o644

@@ -13,7 +13,7 @@ import operator
 from collections import deque
 from typing import Any, Callable, Sequence
 
-from daemon.model.window import Window
+from slotune.model.window import Window
 
 ROWS_KEPT = 4            # windows back a call looks for what the last call kept
 

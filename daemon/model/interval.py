@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Mapping
 
-from daemon.model.window import Window, merged_latency, merged_tokens
+from slotune.model.window import Window, merged_latency, merged_tokens
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from daemon.model.histogram import BucketHistogram, Histogram
+from slotune.model.histogram import BucketHistogram, Histogram
 
 # A signal key: (signal name, one bounded label value or ""), e.g.
 # ("runqueue_wait", ""), ("offcpu", "futex"), ("tcp_rtt", "inference"), ("http_request", "").

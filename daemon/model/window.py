@@ -11,10 +11,10 @@ import math
 from dataclasses import KW_ONLY, dataclass, field
 from functools import cached_property
 
-from daemon.model import labels
-from daemon.model.histogram import BucketHistogram, Histogram, add_into, merged
-from daemon.model.sample import Key, Sample
-from daemon.model.service import ServiceSpec
+from slotune.model import labels
+from slotune.model.histogram import BucketHistogram, Histogram, add_into, merged
+from slotune.model.sample import Key, Sample
+from slotune.model.service import ServiceSpec
 
 EBPF_LATENCY: Key = ("http_request", "")
 EBPF_TTFT: Key = ("http_first_byte", "")     # request to the response's first byte: TTFT when it streams

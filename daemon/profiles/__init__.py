@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from daemon.model import labels
-from daemon.model.histogram import BucketHistogram
-from daemon.model.sample import Key
+from slotune.model import labels
+from slotune.model.histogram import BucketHistogram
+from slotune.model.sample import Key
 
 # signal -> what it means. The name is the family suffix the readers look for.
 SIGNALS = {
@@ -239,7 +239,7 @@ def get(name: str) -> Profile:
     """The profile of that name; KeyError (naming the known ones) for another."""
     if name not in NAMES:
         raise KeyError(f"unknown profile {name!r}; one of {', '.join(NAMES)}")
-    return importlib.import_module(f"daemon.profiles.{name}").PROFILE
+    return importlib.import_module(f"slotune.profiles.{name}").PROFILE
 
 
 def every() -> list[Profile]:

@@ -7,7 +7,7 @@ circuit-breaker thresholds are runtime keys (circuit_breakers.<cluster>.<priorit
 "Circuit breaking" in the cluster manager docs) set live by `POST /runtime_modify`."""
 import re
 
-from daemon.profiles import Counter, Gauge, Histogram, Profile, Setting
+from slotune.profiles import Counter, Gauge, Histogram, Profile, Setting
 
 KEY = re.compile(r"[A-Za-z0-9_.-]+")   # what a [control.targets] entry names: a runtime key
 

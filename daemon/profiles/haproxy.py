@@ -9,7 +9,7 @@ https://docs.haproxy.org/2.6/management.html): it is where a proxied engine with
 live knob of its own is throttled (admission_by)."""
 import re
 
-from daemon.profiles import Counter, Gauge, Profile, Setting
+from slotune.profiles import Counter, Gauge, Profile, Setting
 
 NAME = r"[A-Za-z0-9_.:-]+"   # the characters HAProxy allows in proxy and server names
 TARGETS = {   # the form of a target -> how its value is read back

@@ -17,8 +17,8 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from daemon.profiles.haproxy import target_error
-from daemon.host.safe_files import open_no_links
+from slotune.profiles.haproxy import target_error
+from slotune.host.safe_files import open_no_links
 
 DEFAULT_FILE = "/etc/haproxy/haproxy.cfg"
 MAX_BYTES = 4 << 20

@@ -5,7 +5,7 @@ litellm_llm_api_time_to_first_token_metric, and the per-deployment totals
 litellm_deployment_total_requests / _failure_responses. A key's max_parallel_requests
 and rpm_limit are set live with `POST /key/update` (rpm_limit is per minute; the
 actuator converts slotune's per-second rate)."""
-from daemon.profiles import Counter, Histogram, Profile, Setting
+from slotune.profiles import Counter, Histogram, Profile, Setting
 
 LIMITS = ("max_parallel_requests", "rpm_limit", "tpm_limit")   # the key limits a [control.targets] entry names
 

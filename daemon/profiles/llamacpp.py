@@ -20,7 +20,7 @@ deferred; a launch flag, so slotune recommends it. llama-cpp-python's server
 (`python -m llama_cpp.server`, abetlen/llama-cpp-python llama_cpp/server/app.py at
 013daea858d40e0feff6202677e0c4ecd80a91e3) has no metrics page at all: it is known by
 its process and seen through eBPF only."""
-from daemon.profiles import Gauge, Profile, Setting
+from slotune.profiles import Gauge, Profile, Setting
 
 PROFILE = Profile(
     name="llamacpp",

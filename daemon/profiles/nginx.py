@@ -8,7 +8,7 @@ The concurrency limit lives in an include file slotune writes (`limit_conn`), ch
 with `nginx -t` and loaded with `nginx -s reload`."""
 import re
 
-from daemon.profiles import Counter, Gauge, Profile, Setting
+from slotune.profiles import Counter, Gauge, Profile, Setting
 
 TEMPLATE = re.compile(r"[a-z_]+ [^;{}#\n\"'\\]*\{\}[^;{}#\n\"'\\]*")   # one directive, one {} for the value
 

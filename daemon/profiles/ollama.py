@@ -3,7 +3,7 @@ latency on its port 11434, run-queue, off-CPU, TCP). Its parallelism and queue a
 environment variables read at start (OLLAMA_NUM_PARALLEL, OLLAMA_MAX_QUEUE; "FAQ: How
 does Ollama handle concurrent requests?", https://github.com/ollama/ollama/blob/main/docs/faq.md),
 so slotune recommends them."""
-from daemon.profiles import Profile, Setting
+from slotune.profiles import Profile, Setting
 
 PROFILE = Profile(
     name="ollama",

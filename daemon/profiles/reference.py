@@ -3,7 +3,7 @@ export their signals under slotune's own suffixes (`inference_queue_wait_seconds
 `gateway_tool_calls_total`, ...), so this profile reads every family ending in one,
 under its own name; its settings are whatever its `/admin/config` (or the http-json
 and file surfaces) takes. The default profile. Names: docs/reference-stack.md."""
-from daemon.profiles import Profile, Suffix
+from slotune.profiles import Profile, Suffix
 
 PROFILE = Profile(
     name="reference",

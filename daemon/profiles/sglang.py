@@ -7,7 +7,7 @@ sglang:time_per_output_token_seconds). Its running-request cap is set live throu
 `POST /set_internal_state` where the server version has it."""
 import re
 
-from daemon.profiles import Counter, Gauge, Histogram, Profile, Setting
+from slotune.profiles import Counter, Gauge, Histogram, Profile, Setting
 
 KEY = re.compile(r"[a-z_][a-z0-9_]*")   # what a [control.targets] entry names: a server argument
 

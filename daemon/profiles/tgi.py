@@ -4,7 +4,7 @@ https://huggingface.co/docs/text-generation-inference/reference/metrics: the que
 tgi_queue_size, the batch tgi_batch_current_size; its per-token time is each request's
 mean (tgi_request_mean_time_per_token_duration), not every gap. Read-only: its limits
 are launcher flags slotune does not own."""
-from daemon.profiles import Counter, Gauge, Histogram, Profile
+from slotune.profiles import Counter, Gauge, Histogram, Profile
 
 PROFILE = Profile(
     name="tgi",

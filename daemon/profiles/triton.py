@@ -10,7 +10,7 @@ settings go in with `POST /v2/repository/models/<model>/load` and a config overr
 which swaps the model in without dropping requests."""
 import re
 
-from daemon.profiles import Counter, Gauge, Profile, Ratio, Setting
+from slotune.profiles import Counter, Gauge, Profile, Ratio, Setting
 
 US = 1e-6
 

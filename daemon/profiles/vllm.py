@@ -9,7 +9,7 @@ counts as an error; vllm:iteration_tokens_total is a histogram (tokens per engin
 step) despite its name, and vllm:num_preemptions_total counts preemptions. Its scheduler
 limits are launch flags (vllm serve --max-num-seqs, --max-num-batched-tokens), so
 slotune recommends them; admission is throttled at a proxy in front (admission_by)."""
-from daemon.profiles import Counter, Gauge, Histogram, Profile, Setting
+from slotune.profiles import Counter, Gauge, Histogram, Profile, Setting
 
 PROFILE = Profile(
     name="vllm",

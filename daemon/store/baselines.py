@@ -18,7 +18,7 @@ from typing import Iterable, NamedTuple
 
 import numpy as np
 
-from daemon.host.safe_files import set_aside
+from slotune.host.safe_files import set_aside
 
 log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1

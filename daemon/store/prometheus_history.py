@@ -12,8 +12,8 @@ import re
 import time
 from urllib.parse import urlencode
 
-from daemon.host.http_exchange import TooLarge, exchange
-from daemon.host.untrusted import Untrusted, json_value
+from slotune.host.http_exchange import TooLarge, exchange
+from slotune.host.untrusted import Untrusted, json_value
 
 MAX_POINTS = 10_000  # Prometheus refuses more than 11 000 points per series in one query
 MAX_ANSWER_BYTES = 8 << 20   # one chunk's answer: a full series is ~0.4 MB, so room for a range's deploys

@@ -18,11 +18,11 @@ from typing import Callable
 
 import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from tuners import drift
+from slotune.tuners import drift
 
-from daemon.model.interval import Interval
-from daemon.store.baselines import BaselineStore
-from daemon.store.prometheus_history import (DEPLOY_INFO, PrometheusError, PrometheusHistory, history_query,
+from slotune.model.interval import Interval
+from slotune.store.baselines import BaselineStore
+from slotune.store.prometheus_history import (DEPLOY_INFO, PrometheusError, PrometheusHistory, history_query,
                                              label_value)
 
 log = logging.getLogger(__name__)

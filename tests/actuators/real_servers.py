@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from daemon.actuators.nginx import workers as nginx_workers
+from slotune.actuators.nginx import workers as nginx_workers
 
 NGINX = "/usr/sbin/nginx"
 HAPROXY = "/usr/sbin/haproxy"

@@ -5,9 +5,9 @@ POST /runtime_modify takes the keys as query parameters and answers "OK\\n"
 "entries": {key: {"final_value": "...", "layer_values": [...]}}}."""
 import pytest
 
-from daemon.actuators import ActuatorError
-from daemon.actuators.envoy import EnvoyActuator
-from daemon.profiles.envoy import target_error
+from slotune.actuators import ActuatorError
+from slotune.actuators.envoy import EnvoyActuator
+from slotune.profiles.envoy import target_error
 from tests.actuators.conftest import Answer
 
 KEY = "circuit_breakers.inference.default.max_requests"

@@ -4,9 +4,9 @@ socket, and against a stand-in socket for the answers a real one would not give
 input, and nothing left half-applied."""
 import pytest
 
-from daemon.config import ConfigError, load
-from daemon.actuators import ActuatorError, for_control
-from daemon.actuators.haproxy import HaproxyActuator
+from slotune.config import ConfigError, load
+from slotune.actuators import ActuatorError, for_control
+from slotune.actuators.haproxy import HaproxyActuator
 from tests.actuators.real_servers import haproxy
 
 TARGETS = {"concurrency_limit": "maxconn server be_app/app", "frontend_limit": "maxconn frontend fe_main",

@@ -2,12 +2,12 @@
 what its kind needs or names a target the kind cannot push, by key."""
 import pytest
 
-from daemon.config import ConfigError, load
-from daemon.actuators import for_control
-from daemon.actuators.envoy import EnvoyActuator
-from daemon.actuators.litellm import LitellmActuator
-from daemon.actuators.sglang import SglangActuator
-from daemon.actuators.triton import TritonActuator
+from slotune.config import ConfigError, load
+from slotune.actuators import for_control
+from slotune.actuators.envoy import EnvoyActuator
+from slotune.actuators.litellm import LitellmActuator
+from slotune.actuators.sglang import SglangActuator
+from slotune.actuators.triton import TritonActuator
 
 
 def _load(tmp_path, control: str):

@@ -5,8 +5,8 @@ N, "rpm_limit": N} answers the updated key; GET /key/info?key=sk-... answers
 {"key": ..., "info": {...}}; a wrong master key gets 401."""
 import pytest
 
-from daemon.actuators import ActuatorError
-from daemon.actuators.litellm import LitellmActuator
+from slotune.actuators import ActuatorError
+from slotune.actuators.litellm import LitellmActuator
 from tests.actuators.conftest import Answer, token_file
 
 VIRTUAL_KEY = "sk-team-a-1234"

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from daemon.config import ConfigError, load
-from daemon.actuators import ActuatorError
-from daemon.actuators.nginx import NginxActuator, _boot_ticks, workers
-from daemon.profiles.nginx import target_error
+from slotune.config import ConfigError, load
+from slotune.actuators import ActuatorError
+from slotune.actuators.nginx import NginxActuator, _boot_ticks, workers
+from slotune.profiles.nginx import target_error
 from tests.actuators.real_servers import nginx
 
 TARGETS = {"concurrency_limit": "limit_conn perserver {}"}

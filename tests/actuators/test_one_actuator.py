@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from daemon.actuators import ActuatorError, Control, Option, numeric_settings, verified
+from slotune.actuators import ActuatorError, Control, Option, numeric_settings, verified
 
 KIND = "toy"
 OPTIONS = {"path": Option("the file its settings are kept in", required=True)}
@@ -44,13 +44,13 @@ RUN = '''
 import json, sys
 import numpy as np
 from pathlib import Path
-from daemon import config
-from daemon.actuators import for_control
-from daemon.control.loop import ControlLoop
-from daemon.model.histogram import Histogram
-from daemon.model.interval import Interval
-from daemon.model.window import Window
-from daemon.store.audit import AuditLog
+from slotune import config
+from slotune.actuators import for_control
+from slotune.control.loop import ControlLoop
+from slotune.model.histogram import Histogram
+from slotune.model.interval import Interval
+from slotune.model.window import Window
+from slotune.store.audit import AuditLog
 
 work = Path(sys.argv[1])
 settings = work / "settings.json"

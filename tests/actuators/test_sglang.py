@@ -6,8 +6,8 @@ data-parallel rank; GET /get_server_info answers the server arguments with an
 "internal_states" list, one object per rank."""
 import pytest
 
-from daemon.actuators import ActuatorError
-from daemon.actuators.sglang import SglangActuator
+from slotune.actuators import ActuatorError
+from slotune.actuators.sglang import SglangActuator
 from tests.actuators.conftest import Answer, token_file
 
 

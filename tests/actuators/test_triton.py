@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from daemon.actuators import ActuatorError
-from daemon.actuators.triton import TritonActuator
+from slotune.actuators import ActuatorError
+from slotune.actuators.triton import TritonActuator
 from tests.actuators.conftest import Answer
 
 CONFIG = {"name": "resnet", "platform": "onnxruntime_onnx", "max_batch_size": 8,

@@ -17,15 +17,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daemon.actuators import ActuatorError, haproxy, http_json
-from daemon.actuators.envoy import EnvoyActuator
-from daemon.actuators.file import FileActuator
-from daemon.actuators.haproxy import HaproxyActuator
-from daemon.actuators.http_json import HttpJsonActuator
-from daemon.actuators.litellm import LitellmActuator
-from daemon.actuators.nginx import NginxActuator
-from daemon.actuators.sglang import SglangActuator
-from daemon.actuators.triton import TritonActuator
+from slotune.actuators import ActuatorError, haproxy, http_json
+from slotune.actuators.envoy import EnvoyActuator
+from slotune.actuators.file import FileActuator
+from slotune.actuators.haproxy import HaproxyActuator
+from slotune.actuators.http_json import HttpJsonActuator
+from slotune.actuators.litellm import LitellmActuator
+from slotune.actuators.nginx import NginxActuator
+from slotune.actuators.sglang import SglangActuator
+from slotune.actuators.triton import TritonActuator
 from tests.adversarial.answers import ANSWERS, FUZZ
 from tests.adversarial.conftest import Scripted, reply
 

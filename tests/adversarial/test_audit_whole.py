@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from daemon.store.audit import AuditError, AuditLog, Entry, Outcome
+from slotune.store.audit import AuditError, AuditLog, Entry, Outcome
 from tests.adversarial.test_store import fill, small_disk  # noqa: F401 (a fixture)
 from tests.conftest import ROOT
 
@@ -48,7 +48,7 @@ def test_a_file_size_limit_leaves_the_audit_file_as_it_was(tmp_path):
     path = tmp_path / "audit.jsonl"
     script = textwrap.dedent(f"""
         import os, resource, signal
-        from daemon.store.audit import AuditError, AuditLog
+        from slotune.store.audit import AuditError, AuditLog
         from tests.adversarial.test_audit_whole import LONG_REASON, entries
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         audit = AuditLog({str(path)!r})

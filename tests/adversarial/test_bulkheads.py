@@ -12,15 +12,15 @@ import time
 import pytest
 from prometheus_client import generate_latest
 
-from daemon import config
-from daemon.collectors.service_metrics import ServiceMetricsCollector
-from daemon.actuators.http_json import HttpJsonActuator
-from daemon.store.audit import AuditLog, Outcome
-from daemon.control.loop import ControlLoop
-from daemon.host.bulkheads import Bulkheads
-from daemon.model.interval import Interval
-from daemon.model.sample import Sample
-from daemon.process import Daemon, SteadyClock
+from slotune import config
+from slotune.collectors.service_metrics import ServiceMetricsCollector
+from slotune.actuators.http_json import HttpJsonActuator
+from slotune.store.audit import AuditLog, Outcome
+from slotune.control.loop import ControlLoop
+from slotune.host.bulkheads import Bulkheads
+from slotune.model.interval import Interval
+from slotune.model.sample import Sample
+from slotune.process import Daemon, SteadyClock
 from tests.adversarial.service_double import ServiceDouble
 from tests.adversarial.service_double import config as config_text
 from tests.adversarial.test_decisions import RATE_TOML, rate_loop
@@ -68,7 +68,7 @@ def test_an_exception_in_one_services_control_leaves_the_other_tuned(two, caplog
     daemon.control.services["bad"].actuator = Exploding()
     t0, now = 1000.0, [0.0]
     daemon.bulkheads.clock = lambda: now[0]      # the back-off's clock moves with the ticks
-    with caplog.at_level(logging.DEBUG, logger="daemon.host.bulkheads"):
+    with caplog.at_level(logging.DEBUG, logger="slotune.host.bulkheads"):
         for i in range(12):     # 6 s of ticks: the good service's throttle decides each second
             now[0] += 0.5
             daemon.step(t0 + i * 0.5, t0 + (i + 1) * 0.5)
@@ -151,7 +151,7 @@ def test_the_steady_clock_ignores_a_step_of_the_wall_clock(monkeypatch, caplog):
     before = clock.now()
     real = time.time
     monkeypatch.setattr(time, "time", lambda: real() - 60.0)     # the wall clock steps back a minute
-    with caplog.at_level(logging.WARNING, logger="daemon.process"):
+    with caplog.at_level(logging.WARNING, logger="slotune.process"):
         after, again = clock.now(), clock.now()
     assert 0 <= after - before < 1.0 and again >= after
     assert [r.message for r in caplog.records if "stepped" in r.message][0].startswith(

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from daemon import config
-from daemon.collectors.kernel.targeting import CMDLINE_BYTES, Targeting
-from daemon.model.service import ServiceSpec
+from slotune import config
+from slotune.collectors.kernel.targeting import CMDLINE_BYTES, Targeting
+from slotune.model.service import ServiceSpec
 
 NOBODY = 65534
 ARG_BYTES = 96 * 1024          # under the kernel's MAX_ARG_STRLEN (128 KiB for one argument)
@@ -91,7 +91,7 @@ def test_a_scan_out_of_budget_keeps_known_processes_and_warns_once(start, caplog
     assert targeting.scan()["svc"].tgids == {first.pid}
     targeting.scan_budget_s = 0.0                                 # every new process is over budget
     second = start([sys.executable, "-c", "import time; time.sleep(60)", tag, "2"])
-    with caplog.at_level(logging.WARNING, logger="daemon.collectors.kernel.targeting"):
+    with caplog.at_level(logging.WARNING, logger="slotune.collectors.kernel.targeting"):
         for _ in range(2):
             assert first.pid in targeting.scan()["svc"].tgids     # known: kept however late the scan
     warnings = [r.getMessage() for r in caplog.records if "budget" in r.getMessage()]

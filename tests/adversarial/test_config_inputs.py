@@ -8,7 +8,7 @@ import tomllib
 
 import pytest
 
-from daemon import config
+from slotune import config
 from tests.conftest import ROOT
 
 EXAMPLE = (ROOT / "slotune.example.toml").read_text()

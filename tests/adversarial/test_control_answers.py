@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from daemon.actuators import ActuatorError
-from daemon.actuators.http_json import HttpJsonActuator
+from slotune.actuators import ActuatorError
+from slotune.actuators.http_json import HttpJsonActuator
 from tests.adversarial.conftest import header, reply
 from tests.conftest import ROOT
 
@@ -121,7 +121,7 @@ def test_a_proxy_in_the_environment_is_not_used(serve, token_file):
     server = serve(reply(200, b'{"settings": {"rate": 5}}'))
     env = {k: v for k, v in os.environ.items() if k.lower() != "no_proxy"}
     env.update({name: f"http://127.0.0.1:{proxy.port}" for name in ("http_proxy", "HTTP_PROXY", "all_proxy")})
-    result = subprocess.run([sys.executable, "-c", "import sys; from daemon.actuators.http_json import "
+    result = subprocess.run([sys.executable, "-c", "import sys; from slotune.actuators.http_json import "
                              "HttpJsonActuator; print(HttpJsonActuator(*sys.argv[1:3], settings_key='settings')"
                              ".current())", server.url, str(token_file)],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)

@@ -9,12 +9,12 @@ import math
 import numpy as np
 import pytest
 
-from daemon import config
-from daemon.actuators.http_json import HttpJsonActuator
-from daemon.store.audit import AuditLog, Outcome
-from daemon.control.guard_state import GuardFile
-from daemon.control.loop import ControlLoop
-from daemon.model.interval import Interval
+from slotune import config
+from slotune.actuators.http_json import HttpJsonActuator
+from slotune.store.audit import AuditLog, Outcome
+from slotune.control.guard_state import GuardFile
+from slotune.control.loop import ControlLoop
+from slotune.model.interval import Interval
 from tests.adversarial.service_double import ServiceDouble
 from tests.test_control import BUDGET_TOML, gateway_window, window
 

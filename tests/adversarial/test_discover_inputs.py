@@ -16,10 +16,10 @@ import tomllib
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from daemon import config
-from daemon.collectors.kernel.targeting import netns_of
-from daemon.commands import discover as discover_command
-from daemon.profiles.haproxy_config import Admission, StatsSocket
+from slotune import config
+from slotune.collectors.kernel.targeting import netns_of
+from slotune.commands import discover as discover_command
+from slotune.profiles.haproxy_config import Admission, StatsSocket
 from tests.adversarial.conftest import reply
 
 HOSTILE = ["a\nb", 'q"uote', "]]", "[[services]]", "# hash", "back\\slash", "nul\x00", "esc\x1b[31m\x07",

@@ -13,8 +13,8 @@ import textwrap
 
 import pytest
 
-from daemon.actuators import ActuatorError
-from daemon.actuators.file import FileActuator
+from slotune.actuators import ActuatorError
+from slotune.actuators.file import FileActuator
 from tests.conftest import ROOT
 
 SERVICE_FILE = {"name": "svc", "rate_limit_rps": 100, "ratio": 0.5, "enabled": True, "debug": False,
@@ -65,7 +65,7 @@ def run_push(script: str, *prefix: str) -> subprocess.CompletedProcess:
 def test_a_push_of_several_settings_is_one_rename_with_file_and_folder_fsynced(settings, tmp_path):
     trace = tmp_path / "trace"
     result = run_push(f"""
-        from daemon.actuators.file import FileActuator
+        from slotune.actuators.file import FileActuator
         FileActuator({str(settings)!r}).push({{"rate_limit_rps": 90.0, "ratio": 0.75, "max_batch_size": 4.0}})
     """, "strace", "-f", "-e", "trace=openat,openat2,fsync,rename,renameat,renameat2", "-o", str(trace))
     assert result.returncode == 0, result.stderr
@@ -89,8 +89,8 @@ def test_a_write_that_fails_half_way_changes_nothing_and_leaves_no_temp_file(set
     before = settings.read_bytes()
     result = run_push(f"""
         import resource, signal, sys
-        from daemon.actuators import ActuatorError
-        from daemon.actuators.file import FileActuator
+        from slotune.actuators import ActuatorError
+        from slotune.actuators.file import FileActuator
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))   # files end at 4 KiB: the write fails
         try:

@@ -5,8 +5,8 @@ import time
 
 from hypothesis import given, settings, strategies as st
 
-from daemon.profiles import haproxy_config
-from daemon.profiles.haproxy_config import HaproxyConfig
+from slotune.profiles import haproxy_config
+from slotune.profiles.haproxy_config import HaproxyConfig
 
 WORDS = st.sampled_from(["global", "defaults", "frontend", "backend", "listen", "from", "maxconn", "bind",
                          "server", "server-template", "default-server", "default_backend", "use_backend",

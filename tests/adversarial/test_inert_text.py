@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from daemon.commands import status
-from daemon.host.http_exchange import exchange
-from daemon.host.untrusted import InertFormatter
+from slotune.commands import status
+from slotune.host.http_exchange import exchange
+from slotune.host.untrusted import InertFormatter
 from tests.adversarial.conftest import reply
 
 

@@ -14,11 +14,11 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon import config
-from daemon.collectors.kernel.evictions import Evictions
-from daemon.collectors.kernel.program import EVICTING, MAP_ENTRIES, REFUSING, program_text
-from daemon.process import Daemon
-from daemon.model.service import ServiceSpec
+from slotune import config
+from slotune.collectors.kernel.evictions import Evictions
+from slotune.collectors.kernel.program import EVICTING, MAP_ENTRIES, REFUSING, program_text
+from slotune.process import Daemon
+from slotune.model.service import ServiceSpec
 from tests.probes.conftest import collected, kernel, spawn, tag  # noqa: F401 (fixtures)
 
 SHRUNK = dict.fromkeys(MAP_ENTRIES, 64)
@@ -58,7 +58,7 @@ def run_workload(collector, worker) -> None:
 def test_full_maps_are_counted_and_said_once_and_the_collector_goes_on(kernel, spawn, tag, caplog):  # noqa: F811
     collector = kernel([ServiceSpec("spreader", cmdline=f"spreader.py {tag}")], FAMILIES, SHRUNK)
     worker = spawn("spreader", tag, SLEEPS, CHILDREN)
-    with caplog.at_level(logging.WARNING, logger="daemon.collectors.kernel.map_full"):
+    with caplog.at_level(logging.WARNING, logger="slotune.collectors.kernel.map_full"):
         run_workload(collector, worker)
         for _ in range(3):
             collected(collector)

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daemon.collectors import exposition
-from daemon.collectors.client_body import Known
-from daemon.collectors.service_metrics import MAX_BODY_BYTES, parse, read_exposition
+from slotune.collectors import exposition
+from slotune.collectors.client_body import Known
+from slotune.collectors.service_metrics import MAX_BODY_BYTES, parse, read_exposition
 
 FUZZ = settings(max_examples=300, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 WIDE = "\U0001F600"          # one character past the BMP makes a string 4 bytes a character

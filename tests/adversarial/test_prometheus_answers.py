@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from daemon.store import prometheus_history
-from daemon.store.prometheus_history import MAX_ANSWER_BYTES, PrometheusError, PrometheusHistory
+from slotune.store import prometheus_history
+from slotune.store.prometheus_history import MAX_ANSWER_BYTES, PrometheusError, PrometheusHistory
 from tests.adversarial.answers import ANSWERS, FUZZ
 from tests.adversarial.conftest import reply
 

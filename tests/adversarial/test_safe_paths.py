@@ -10,9 +10,9 @@ import os
 
 import pytest
 
-from daemon.actuators import ActuatorError, file as file_actuator
-from daemon.actuators.file import FileActuator
-from daemon.host import safe_files
+from slotune.actuators import ActuatorError, file as file_actuator
+from slotune.actuators.file import FileActuator
+from slotune.host import safe_files
 
 OTHERS = {"rate_limit_rps": 100}
 

@@ -7,9 +7,9 @@ import urllib.request
 
 import pytest
 
-from daemon import config
-from daemon.collectors.service_metrics import ServiceMetricsCollector
-from daemon.process import Daemon
+from slotune import config
+from slotune.collectors.service_metrics import ServiceMetricsCollector
+from slotune.process import Daemon
 from reference_stack import launcher
 from tests.adversarial.service_double import ServiceDouble
 from tests.adversarial.service_double import config as config_text

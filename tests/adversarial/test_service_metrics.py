@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from daemon.collectors.service_metrics import MAX_SERIES, READ_WAIT_S, ServiceMetricsCollector, parse_stub_status
-from daemon.profiles import reference
-from daemon.model.service import ServiceSpec
+from slotune.collectors.service_metrics import MAX_SERIES, READ_WAIT_S, ServiceMetricsCollector, parse_stub_status
+from slotune.profiles import reference
+from slotune.model.service import ServiceSpec
 from tests.conftest import ROOT
-from tuners import TUNERS
+from slotune.tuners import TUNERS
 
 TUNER_FILES = [str(module.__file__) for module in TUNERS.values()]
 
@@ -121,7 +121,7 @@ def test_one_bad_service_beside_a_healthy_one(serve, caplog, kind):
     good, bad = serve(answer_with(healthy)), serve(answer)
     collector = collector_for(("good", good), ("bad", bad), wait_s=READ_WAIT_S)
     try:
-        with caplog.at_level(logging.WARNING, logger="daemon.collectors.service_metrics"):
+        with caplog.at_level(logging.WARNING, logger="slotune.collectors.service_metrics"):
             took, samples = [], []
 
             def said():
@@ -204,7 +204,7 @@ def test_a_service_exporting_50000_series_keeps_at_most_the_cap(serve, caplog):
     wide, good = serve(answer_with(many)), serve(answer_with(healthy))
     collector = collector_for(("wide", wide), ("good", good))
     try:
-        with caplog.at_level(logging.WARNING, logger="daemon.collectors.service_metrics"):
+        with caplog.at_level(logging.WARNING, logger="slotune.collectors.service_metrics"):
             for _ in range(3):
                 samples = {s.service: s for s in collector.collect(0.0, 1.0)}
         kept = samples["wide"]

@@ -14,10 +14,10 @@ import uuid
 
 import pytest
 
-from daemon import config
-from daemon.actuators import ActuatorError
-from daemon.actuators.file import FileActuator
-from daemon.process import Daemon
+from slotune import config
+from slotune.actuators import ActuatorError
+from slotune.actuators.file import FileActuator
+from slotune.process import Daemon
 
 # The service: a parent and a forked child that notes each SIGHUP and writes its pid file when ready.
 SERVICE = """

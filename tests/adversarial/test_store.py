@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from daemon import config
-from daemon.collectors.service_metrics import ServiceMetricsCollector
-from daemon.control.guard_state import GuardFile
-from daemon.process import Daemon
-from daemon.store.baselines import BaselineStore
-from daemon.store.recorder import RECORD_EVERY_S
+from slotune import config
+from slotune.collectors.service_metrics import ServiceMetricsCollector
+from slotune.control.guard_state import GuardFile
+from slotune.process import Daemon
+from slotune.store.baselines import BaselineStore
+from slotune.store.recorder import RECORD_EVERY_S
 from tests.adversarial.service_double import ServiceDouble
 from tests.adversarial.service_double import config as config_text
 

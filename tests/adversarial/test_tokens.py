@@ -12,14 +12,14 @@ import sys
 
 import pytest
 
-from daemon.actuators import Control
-from daemon.config import Bounds, Config, ServiceConf, TunerConf
-from daemon.actuators import ActuatorError
-from daemon.actuators.http_json import HttpJsonActuator
-from daemon.store.audit import AuditLog
-from daemon.model.interval import Interval
-from daemon.control.loop import ControlLoop
-from daemon.model.service import ServiceSpec
+from slotune.actuators import Control
+from slotune.config import Bounds, Config, ServiceConf, TunerConf
+from slotune.actuators import ActuatorError
+from slotune.actuators.http_json import HttpJsonActuator
+from slotune.store.audit import AuditLog
+from slotune.model.interval import Interval
+from slotune.control.loop import ControlLoop
+from slotune.model.service import ServiceSpec
 from tests.adversarial.conftest import header, reply
 from tests.conftest import ROOT
 from tests.test_control import window

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from daemon.host.untrusted import MAX_DEPTH, Untrusted, depth, json_value
+from slotune.host.untrusted import MAX_DEPTH, Untrusted, depth, json_value
 from tests.adversarial.answers import FUZZ
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),

@@ -43,7 +43,7 @@ metrics_url = "http://127.0.0.1:{server.port}/metrics"
     env.pop("WATCHDOG_PID", None)
     log = tmp_path / "daemon.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "daemon.cli", "run", "--config", str(conf)], cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, "-m", "slotune.cli", "run", "--config", str(conf)], cwd=ROOT,
                                 stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         sock.settimeout(60)

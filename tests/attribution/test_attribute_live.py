@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from daemon.attribution.explain import DOMINANT_SHARE
+from slotune.attribution.explain import DOMINANT_SHARE
 from reference_stack import launcher
 from reference_stack.client import StackClient
 from tests.conftest import ROOT, run_slotune

@@ -5,10 +5,10 @@ name queueing (the waiting sequences) as its top cause."""
 import threading
 import time
 
-from daemon.attribution.explain import explain
-from daemon.collectors.service_metrics import ServiceMetricsCollector
-from daemon.model import window
-from daemon.model.service import ServiceSpec
+from slotune.attribution.explain import explain
+from slotune.collectors.service_metrics import ServiceMetricsCollector
+from slotune.model import window
+from slotune.model.service import ServiceSpec
 from reference_stack import launcher
 from reference_stack.llm.load import Lengths, run_llm_load
 from tests.stack.conftest import one_service

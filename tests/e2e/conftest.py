@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.demo.stack_config import for_reference_stack
+from slotune.demo.stack_config import for_reference_stack
 from reference_stack import launcher
 from reference_stack.client import StackClient
 from reference_stack.paced import Pace
@@ -79,7 +79,7 @@ def start_daemon(config_text: str, work: Path, exporter_port: int, *extra) -> Ru
     work.mkdir(parents=True, exist_ok=True)
     (work / "slotune.toml").write_text(config_text)
     log = open(work / "daemon.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "daemon.cli", "run", "--config", str(work / "slotune.toml"), *extra],
+    proc = subprocess.Popen([sys.executable, "-m", "slotune.cli", "run", "--config", str(work / "slotune.toml"), *extra],
                             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     log.close()
     d = RunningDaemon(proc, f"http://127.0.0.1:{exporter_port}", work)

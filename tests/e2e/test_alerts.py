@@ -37,8 +37,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from daemon.store.baselines import BaselineStore
-from daemon.store.recorder import DRIFT_METRIC
+from slotune.store.baselines import BaselineStore
+from slotune.store.recorder import DRIFT_METRIC
 from reference_stack import launcher
 from reference_stack.client import StackClient
 from tests.conftest import ROOT
@@ -253,7 +253,7 @@ def test_drift_slo_burn_and_a_collector_down_reach_the_receiver_and_resolve(worl
                                  f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
                                 tmp / "prometheus.log")
     (tmp / "slotune.toml").write_text(daemon_config(tmp, daemon_port, tools))
-    run_daemon = [sys.executable, "-m", "daemon.cli", "run", "--config", str(tmp / "slotune.toml")]
+    run_daemon = [sys.executable, "-m", "slotune.cli", "run", "--config", str(tmp / "slotune.toml")]
     procs["daemon"] = spawn(NO_BPF + run_daemon, tmp / "daemon-no-bpf.log")        # fault 3 starts here
 
     for name, port in tools.items():

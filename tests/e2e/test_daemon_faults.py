@@ -11,15 +11,15 @@ import time
 import urllib.request
 import uuid
 
-from daemon import config
-from daemon.collectors.service_metrics import ServiceMetricsCollector
-from daemon.process import Daemon
+from slotune import config
+from slotune.collectors.service_metrics import ServiceMetricsCollector
+from slotune.process import Daemon
 from reference_stack import launcher, loadgen
 from tests.conftest import ROOT
 from tests.e2e.conftest import daemon_config
 from tests.probes.test_lifecycle import loaded, prog_ids_of
-from tuners import throttle
-from tuners.base import Decision, Policy
+from slotune.tuners import throttle
+from slotune.tuners.base import Decision, Policy
 
 WORKER = ROOT / "tests" / "probes" / "workers" / "http_server.py"
 

@@ -40,7 +40,7 @@ def test_the_llm_demo_streams_a_load_step_judged_on_ttft_and_tpot(tmp_path, root
 
 
 def test_the_report_counts_only_this_runs_decisions_when_the_run_dir_is_reused(tmp_path):
-    from daemon.demo.run import this_runs_decisions
+    from slotune.demo.run import this_runs_decisions
     log = tmp_path / "audit.jsonl"
     log.write_text('{"t": 100.0, "outcome": "pushed"}\n{"t": 200.0, "outcome": "rolled back"}\n\n'
                    '{"t": 300.0, "outcome": "pushed"}\n')
@@ -48,7 +48,7 @@ def test_the_report_counts_only_this_runs_decisions_when_the_run_dir_is_reused(t
 
 
 def test_the_report_plots_ttft_and_tpot_only_for_a_service_that_declares_them(tmp_path):
-    from daemon.demo import report
+    from slotune.demo import report
 
     def service(t, tokens):
         row = {"p50_s": 1.0, "p99_s": 2.0, "slo_p99_s": 30.0, "rate_rps": 2.0, "goodput_rps": 1.0, "settings": {},
@@ -64,7 +64,7 @@ def test_the_report_plots_ttft_and_tpot_only_for_a_service_that_declares_them(tm
 
 
 def test_an_llm_phase_line_judges_the_clients_ttft_and_tpot_and_counts_goodput():
-    from daemon.demo.run import Phase, llm_phase_lines
+    from slotune.demo.run import Phase, llm_phase_lines
     from reference_stack.llm.load import LlmRecord
     good = LlmRecord(0.1, 0.0, 0.2, 0.28, 200, 10, 5, 5, [0.02] * 4)     # TTFT 200 ms, TPOT 20 ms
     slow = LlmRecord(0.5, 0.0, 0.9, 1.7, 200, 10, 5, 5, [0.2] * 4)       # TTFT 900 ms, TPOT 200 ms

@@ -23,18 +23,18 @@ import numpy as np
 import pytest
 import redis
 
-from daemon.collectors.kernel import KernelCollector
-from daemon.config import ServiceConf
-from daemon.control.observations import Inputs
-from daemon.model import window
-from daemon.model.service import ServiceSpec
+from slotune.collectors.kernel import KernelCollector
+from slotune.config import ServiceConf
+from slotune.control.observations import Inputs
+from slotune.model import window
+from slotune.model.service import ServiceSpec
 from tests.actuators import real_servers
 from tests.actuators.real_servers import _free_ports, nginx
 from tests.conftest import ROOT
 from tests.e2e.conftest import daemon_table
 from tests.e2e.plain_app import SLEEP_S
 from tests.probes.conftest import collected
-from tuners import throttle
+from slotune.tuners import throttle
 
 RATE, SNAPSHOTS = 60.0, 3     # requests/s, 3 /sleep for each /cache; a snapshot takes ~3 s (the CLI's start)
 
@@ -81,7 +81,7 @@ async def _load(url: str, rate: float, stop: threading.Event, out: list) -> None
 def status_rows(url: str) -> dict[str, list[str]]:
     """`slotune status --once` as a user runs it: each service's row, split into its columns
     (service, P50 ms, P99 ms, SLO ms, req/s, RTT ms, runq ms, ...)."""
-    out = subprocess.run([sys.executable, "-m", "daemon.cli", "status", "--once", "--url", url], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "slotune.cli", "status", "--once", "--url", url], cwd=ROOT,
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     print(out.stdout.split("\n\n")[0])

@@ -9,7 +9,7 @@ import time
 import pytest
 import yaml
 
-from daemon.demo import fleet_hosts as fleet
+from slotune.demo import fleet_hosts as fleet
 from bench.sim import fleet_bench
 
 FOR = "10s"      # the shipped rule holds for 10m; nothing else in the test copy differs

@@ -22,7 +22,7 @@ import time
 import aiohttp
 import numpy as np
 
-from daemon import config
+from slotune import config
 from reference_stack import launcher
 from tests.actuators.real_servers import haproxy
 from tests.conftest import run_slotune

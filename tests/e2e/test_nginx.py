@@ -14,8 +14,8 @@ import urllib.request
 import aiohttp
 import pytest
 
-from daemon.actuators import ActuatorError
-from daemon.actuators.nginx import NginxActuator
+from slotune.actuators import ActuatorError
+from slotune.actuators.nginx import NginxActuator
 from tests.actuators.real_servers import nginx
 from tests.e2e.conftest import daemon_table
 

@@ -13,11 +13,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from daemon import config
-from daemon.model.histogram import Histogram
-from daemon.model.sample import Sample
-from daemon.model.window import EBPF_LATENCY
-from daemon.process import Daemon
+from slotune import config
+from slotune.model.histogram import Histogram
+from slotune.model.sample import Sample
+from slotune.model.window import EBPF_LATENCY
+from slotune.process import Daemon
 from tests.conftest import StandInCollector
 
 SLO_MS = 200

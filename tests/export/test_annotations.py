@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from daemon.store.audit import Entry, Outcome
-from daemon.export.annotations import GrafanaAnnotations, base_url
-from daemon.export.sinks import ExportCounters, Outbox
+from slotune.store.audit import Entry, Outcome
+from slotune.export.annotations import GrafanaAnnotations, base_url
+from slotune.export.sinks import ExportCounters, Outbox
 from reference_stack.launcher import free_ports
 from tests.export.conftest import TOKEN, Listener, metric_value, steps, wait_for
 
@@ -124,7 +124,7 @@ def test_grafana_down_slow_or_refusing_never_holds_up_the_loop(make_daemon, capl
     hang = threading.Event()
     slow = Listener(lambda *req: (hang.wait(30), (200, {}, b"{}"))[1])
     try:
-        caplog.set_level(logging.INFO, logger="daemon.export.sinks")
+        caplog.set_level(logging.INFO, logger="slotune.export.sinks")
         daemon, latency = make_daemon(export_to(slow.url))
         clock = [time.time()]
         latency.p99_s = 0.5
@@ -142,7 +142,7 @@ def test_grafana_down_slow_or_refusing_never_holds_up_the_loop(make_daemon, capl
 
 
 def test_a_wrong_token_is_counted_and_said_once(make_daemon, grafana, caplog, tmp_path):
-    caplog.set_level(logging.INFO, logger="daemon.export.sinks")
+    caplog.set_level(logging.INFO, logger="slotune.export.sinks")
     daemon, latency = make_daemon(export_to(grafana.url))
     (tmp_path / "grafana.token").write_text("not-the-token\n")
     clock = [time.time()]
@@ -174,7 +174,7 @@ def test_a_full_queue_drops_and_counts_without_waiting():
 
 
 def test_a_closed_port_is_a_counted_failure_that_names_grafana(make_daemon, caplog):
-    caplog.set_level(logging.INFO, logger="daemon.export.sinks")
+    caplog.set_level(logging.INFO, logger="slotune.export.sinks")
     url = f"http://127.0.0.1:{free_ports(1)[0]}"
     daemon, latency = make_daemon(export_to(url))
     clock = [time.time()]

@@ -4,8 +4,8 @@ import textwrap
 
 import pytest
 
-from daemon import config
-from daemon.process import Daemon
+from slotune import config
+from slotune.process import Daemon
 from tests.export.conftest import SetLatency
 
 BASE = '[services.api]\ncmdline = "api"\n'
@@ -54,7 +54,7 @@ def test_a_reload_that_changes_export_is_refused(tmp_path, caplog):
     daemon = Daemon(config.load(tmp_path / "s.toml"), collectors=[SetLatency()])
     try:
         (tmp_path / "s.toml").write_text((tmp_path / "s.toml").read_text() + '[export]\notlp_endpoint = "http://c:4318"\n')
-        with caplog.at_level(logging.ERROR, logger="daemon.process"):
+        with caplog.at_level(logging.ERROR, logger="slotune.process"):
             assert not daemon.reload()
         assert "daemon.export" in caplog.text and "restart slotune" in caplog.text
         assert daemon.sinks.sinks == []

@@ -19,8 +19,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (Export
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client import generate_latest
 
-from daemon.store.audit import Outcome
-from daemon.export import sinks
+from slotune.store.audit import Outcome
+from slotune.export import sinks
 from reference_stack.launcher import free_ports
 from tests.export.conftest import Listener, metric_value, steps, wait_for
 
@@ -133,7 +133,7 @@ def test_metrics_and_decisions_arrive_as_the_otlp_requests(make_daemon, collecto
 
 
 def test_a_collector_that_is_down_is_counted_said_once_and_the_loop_goes_on(make_daemon, caplog):
-    caplog.set_level(logging.INFO, logger="daemon.export.sinks")
+    caplog.set_level(logging.INFO, logger="slotune.export.sinks")
     url = f"http://127.0.0.1:{free_ports(1)[0]}"
     daemon, latency = make_daemon(otlp_to(url))
     clock = [time.time()]
@@ -157,10 +157,10 @@ def test_a_collector_that_is_down_is_counted_said_once_and_the_loop_goes_on(make
 
 def test_without_the_otlp_extra_one_line_says_so_and_the_rest_runs(make_daemon, caplog, monkeypatch):
     monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http", None)   # as if not installed
-    caplog.set_level(logging.INFO, logger="daemon.export.otlp")
+    caplog.set_level(logging.INFO, logger="slotune.export.otlp")
     daemon, latency = make_daemon(otlp_to("http://collector.example:4318"))
     assert daemon.sinks.sinks == []
-    said = [r for r in caplog.records if r.name == "daemon.export.otlp"]
+    said = [r for r in caplog.records if r.name == "slotune.export.otlp"]
     assert len(said) == 1 and "pip install 'slotune[otlp]'" in said[0].getMessage()
     latency.p99_s = 0.5
     assert any(e.outcome == Outcome.PUSHED for e in steps(daemon, [time.time()], 2))

@@ -10,9 +10,9 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from daemon import config
-from daemon.export import server as exporter
-from daemon.export.server import MetricsServer
+from slotune import config
+from slotune.export import server as exporter
+from slotune.export.server import MetricsServer
 
 STATUS = {"services": ["api"]}
 

@@ -8,10 +8,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.collectors.gpu.metrics import GpuMetrics
-from daemon.collectors.gpu.collector import NvmlCollector
-from daemon.export.samples import SampleExporter
-from daemon.model.service import ServiceSpec
+from slotune.collectors.gpu.metrics import GpuMetrics
+from slotune.collectors.gpu.collector import NvmlCollector
+from slotune.export.samples import SampleExporter
+from slotune.model.service import ServiceSpec
 from tests.gpu.fake_nvml import GIB, FakeGpu, FakeNvml
 
 SERVICES = [ServiceSpec("inference"), ServiceSpec("gateway")]

@@ -7,10 +7,10 @@ import subprocess
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from daemon.collectors.gpu.metrics import GpuMetrics
-from daemon.collectors.gpu.collector import NvmlCollector
-from daemon.export.samples import SampleExporter
-from daemon.model.service import ServiceSpec
+from slotune.collectors.gpu.metrics import GpuMetrics
+from slotune.collectors.gpu.collector import NvmlCollector
+from slotune.export.samples import SampleExporter
+from slotune.model.service import ServiceSpec
 from tests.conftest import run_slotune
 
 pytestmark = pytest.mark.skipif(ctypes.util.find_library("nvidia-ml") is not None,

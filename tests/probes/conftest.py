@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon.collectors.kernel import KernelCollector
-from daemon.collectors.kernel.maps import items
-from daemon.model.histogram import Histogram
+from slotune.collectors.kernel import KernelCollector
+from slotune.collectors.kernel.maps import items
+from slotune.model.histogram import Histogram
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 

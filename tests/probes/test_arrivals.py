@@ -5,7 +5,7 @@ The Go server starts its threads at once, before slotune can see them. Between
 the daemon's rescans (every RESCAN_S) the exec watch alone finds it."""
 import urllib.request
 
-from daemon.model.service import ServiceSpec
+from slotune.model.service import ServiceSpec
 from tests.probes.conftest import collected, hist
 from tests.probes.test_tls import make_cert
 from tests.probes.test_tls_records import go_server, s_time

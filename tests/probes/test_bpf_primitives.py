@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from bench.bpf_primitives import PRIMITIVES
-from daemon.collectors.kernel.program_cost import STATS_SYSCTL
+from slotune.collectors.kernel.program_cost import STATS_SYSCTL
 from tests.conftest import ROOT
 
 

@@ -4,7 +4,7 @@ the interval still returns its services; each kind of failure is logged once;
 once reads work again, the deltas held back arrive whole."""
 import logging
 
-from daemon.model.service import ServiceSpec
+from slotune.model.service import ServiceSpec
 from tests.probes.conftest import collected
 
 RUNS = 5                        # programs the worker runs per round, plus one from a thread
@@ -34,7 +34,7 @@ def test_failing_reads_cost_one_log_line_each_and_no_data(kernel, spawn, tag, mo
         return collected(collector)
 
     program = collector.program
-    with caplog.at_level(logging.ERROR, logger="daemon.collectors.kernel.collector"):
+    with caplog.at_level(logging.ERROR, logger="slotune.collectors.kernel.collector"):
         monkeypatch.setattr(program, "histograms", broken)
         for _ in range(2):
             got = round_trip()["a"]

@@ -2,7 +2,7 @@
 programs per round (one of them exec'd from a second thread, whose task id
 changes on exec) while an unwatched process runs its own; each service counts
 exactly the programs it started, round after round."""
-from daemon.model.service import ServiceSpec
+from slotune.model.service import ServiceSpec
 from tests.probes.agreement import record
 from tests.probes.conftest import collected
 

@@ -6,10 +6,10 @@ import subprocess
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from daemon.model.sample import Sample
-from daemon.export.samples import SIGNALS, SampleExporter, register_signals
-from daemon.model.histogram import Histogram
-from daemon.model.service import ServiceSpec
+from slotune.model.sample import Sample
+from slotune.export.samples import SIGNALS, SampleExporter, register_signals
+from slotune.model.histogram import Histogram
+from slotune.model.service import ServiceSpec
 from tests.probes.conftest import collected
 
 

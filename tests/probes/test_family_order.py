@@ -11,10 +11,10 @@ import re
 
 import pytest
 
-import bpf as bpf_sources
-from daemon.collectors.kernel import hooks
-from daemon.collectors.kernel.families import FAMILIES, make_families
-from daemon.collectors.kernel.program import Program, program_text
+from slotune import bpf as bpf_sources
+from slotune.collectors.kernel import hooks
+from slotune.collectors.kernel.families import FAMILIES, make_families
+from slotune.collectors.kernel.program import Program, program_text
 
 NAMES = list(FAMILIES)
 DEFINED = re.compile(r"^static __always_inline \w+ \*?(\w+)\(|^BPF_\w+\((?:\"\w+\", [^,]+, [^,]+, )?(\w+)"

@@ -3,8 +3,8 @@ is built, the compiler libraries' code (libLLVM's and libclang's executable
 mappings, 72 MiB resident right after a compile) is no longer resident in this
 process, as /proc/self/smaps shows, even while another BCC user (a concurrent
 test's daemon) maps the same pages; and the programs still attach and run."""
-from daemon.collectors.kernel.families import make_families
-from daemon.collectors.kernel.program import COMPILER_LIBRARIES, Program
+from slotune.collectors.kernel.families import make_families
+from slotune.collectors.kernel.program import COMPILER_LIBRARIES, Program
 
 MIB = 2**20
 

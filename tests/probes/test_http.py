@@ -6,7 +6,7 @@ import http.client
 import threading
 import time
 
-from daemon.model.service import ServiceSpec
+from slotune.model.service import ServiceSpec
 from tests.probes.agreement import record
 from tests.probes.conftest import collected, hist
 

@@ -14,7 +14,7 @@ import time
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.model.service import ServiceSpec
+from slotune.model.service import ServiceSpec
 from tests.probes.conftest import collected, hist, responses_open
 
 LRU_ENTRIES = 128

@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from daemon.export.samples import SampleExporter
-from daemon.model.service import ServiceSpec
+from slotune.export.samples import SampleExporter
+from slotune.model.service import ServiceSpec
 from reference_stack import launcher
 from reference_stack.llm.load import Lengths, run_llm_load
 from tests.probes.agreement import record

@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from daemon.collectors.kernel.family import Attachment
-from daemon.model.service import ServiceSpec
+from slotune.collectors.kernel.family import Attachment
+from slotune.model.service import ServiceSpec
 from tests.conftest import ROOT
 from tests.probes.conftest import collected
 
@@ -44,7 +44,7 @@ def test_close_leaves_no_program_and_is_idempotent(kernel):
 
 
 def test_sigterm_detaches_everything(root_only, tag):
-    watch = subprocess.Popen([sys.executable, "-m", "daemon.cli", "probes", "--watch", "--family", "runqueue",
+    watch = subprocess.Popen([sys.executable, "-m", "slotune.cli", "probes", "--watch", "--family", "runqueue",
                               "--service", f"x={tag}", "--interval", "0.2"], cwd=ROOT,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -12,10 +12,10 @@ import platform
 
 import pytest
 
-from daemon.collectors.kernel.helpers import Helper
-from daemon.collectors.kernel.families.offcpu import OffCpu
-from daemon.commands import doctor
-from daemon.model.service import ServiceSpec
+from slotune.collectors.kernel.helpers import Helper
+from slotune.collectors.kernel.families.offcpu import OffCpu
+from slotune.commands import doctor
+from slotune.model.service import ServiceSpec
 from tests.probes.conftest import collected, hist
 
 REQUESTS = 10

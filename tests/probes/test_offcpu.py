@@ -6,7 +6,7 @@ sched_switch), so a call that returns without waiting (the pwrite into the page
 cache) is not an observation; each fsync after a write waits for the disk."""
 import signal
 
-from daemon.model.service import ServiceSpec
+from slotune.model.service import ServiceSpec
 from tests.probes.conftest import bpftrace, collected, hist
 
 SYNCS = 100     # rounds of fsync + fdatasync + sync_file_range (and one pwrite)

@@ -16,8 +16,8 @@ static __always_inline void toy_exec(u32 old_pid)
 """
 
 TOY_PY = '''"""Toy family (bpf/toy.bpf.c)."""
-from daemon.collectors.kernel.arrivals import EXEC
-from daemon.collectors.kernel.family import Family, Signal
+from slotune.collectors.kernel.arrivals import EXEC
+from slotune.collectors.kernel.family import Family, Signal
 
 
 class Toy(Family):
@@ -28,8 +28,8 @@ class Toy(Family):
 '''
 
 RUN = """
-from daemon.collectors.kernel.families import FAMILIES, make_families
-from daemon.collectors.kernel.program import Program
+from slotune.collectors.kernel.families import FAMILIES, make_families
+from slotune.collectors.kernel.program import Program
 program = Program(make_families(["toy", "exec"]))
 try:
     program.attach_tracepoints()

@@ -5,7 +5,7 @@ per-CPU array. (Its slot-by-slot path is for kernels before 5.6, not this one.)"
 import ctypes
 import random
 
-from daemon.collectors.kernel import maps
+from slotune.collectors.kernel import maps
 
 
 def test_one_batch_reads_what_bccs_slot_by_slot_reads(root_only):

@@ -5,11 +5,11 @@ import re
 import threading
 import urllib.request
 
-from bpf import header, source
-from daemon.commands.probes import attach_report
-from daemon.collectors.kernel.families import FAMILIES
-from daemon.collectors.kernel.program import HINT_SLOTS
-from daemon.model.histogram import SLOTS, SUB_BITS
+from slotune.bpf import header, source
+from slotune.commands.probes import attach_report
+from slotune.collectors.kernel.families import FAMILIES
+from slotune.collectors.kernel.program import HINT_SLOTS
+from slotune.model.histogram import SLOTS, SUB_BITS
 from tests.conftest import run_slotune
 
 

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from daemon.collectors.kernel import program_cost
-from daemon.collectors.kernel.program import fdinfo
-from daemon.model.service import ServiceSpec
+from slotune.collectors.kernel import program_cost
+from slotune.collectors.kernel.program import fdinfo
+from slotune.model.service import ServiceSpec
 
 
 @pytest.fixture
@@ -74,7 +74,7 @@ def test_runs_match_the_kernels_context_switches_and_bpftool(kernel, stats):
 
 def test_with_the_statistics_off_nothing_is_exported_and_start_up_says_so(kernel, stats, caplog):
     stats(False)
-    with caplog.at_level(logging.INFO, logger="daemon.collectors.kernel.program_cost"):
+    with caplog.at_level(logging.INFO, logger="slotune.collectors.kernel.program_cost"):
         collector = kernel([ServiceSpec("x", cmdline="no-such-process-anywhere")], families=["runqueue"])
     said = [r.getMessage() for r in caplog.records if "bpf_stats_enabled" in r.getMessage()]
     assert len(said) == 1 and "is 0" in said[0] and "sysctl kernel.bpf_stats_enabled=1" in said[0]

@@ -11,7 +11,7 @@ beside `stress-ng --cpu 2` both wait behind it from the start)."""
 import os
 import time
 
-from daemon.model.service import ServiceSpec
+from slotune.model.service import ServiceSpec
 from tests.probes.agreement import record
 from tests.probes.conftest import collected, hist
 

@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 
-from daemon.model.service import ServiceSpec
+from slotune.model.service import ServiceSpec
 from tests.probes.agreement import record
 from tests.probes.conftest import bpftrace, collected, hist, settled, stop
 from tests.probes.test_runqueue import SLEEP_S, WORK_S, wait_burning

@@ -4,9 +4,9 @@ argument (raw_syscalls:sys_enter sees args[0] of getppid, which ignores it)."""
 import ctypes
 import os
 
-from daemon.collectors.kernel.maps import items
-from daemon.collectors.kernel.program import program_text
-from daemon.model.histogram import SLOTS, slot_of
+from slotune.collectors.kernel.maps import items
+from slotune.collectors.kernel.program import program_text
+from slotune.model.histogram import SLOTS, slot_of
 
 PROBE = """
 int on_enter(struct tracepoint__raw_syscalls__sys_enter *args)

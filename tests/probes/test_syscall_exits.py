@@ -5,7 +5,7 @@ independent references, run here with the socket tracepoints declared absent.
 The tests are the ones the socket layer passes, imported whole."""
 import pytest
 
-from daemon.collectors.kernel import sockets
+from slotune.collectors.kernel import sockets
 from tests.probes.test_http import test_request_latency_median_and_exact_count  # noqa: F401
 from tests.probes.test_http_streaming import private_host, test_nginx_echo_chunks  # noqa: F401
 from tests.probes.test_tls_records import (test_nginx_ssl,  # noqa: F401

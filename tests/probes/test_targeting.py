@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from daemon.model.service import ServiceSpec
-from daemon.collectors.kernel import targeting as targeting_module
-from daemon.host.proc_clock import CLOCK_TICKS, uptime_s
-from daemon.collectors.kernel.targeting import Targeting, TargetingError
+from slotune.model.service import ServiceSpec
+from slotune.collectors.kernel import targeting as targeting_module
+from slotune.host.proc_clock import CLOCK_TICKS, uptime_s
+from slotune.collectors.kernel.targeting import Targeting, TargetingError
 from tests.probes.conftest import collected, hist
 
 CGROUP_V2 = Path("/sys/fs/cgroup/unified") if Path("/sys/fs/cgroup/unified/cgroup.procs").exists() \

@@ -17,9 +17,9 @@ import uuid
 
 import pytest
 
-from daemon.collectors.kernel.btf import VMLINUX, Btf, BtfError
-from daemon.collectors.kernel.families.tcp import CB_SEGS, NET_INUM, SKB_CB, SK_NET
-from daemon.model.service import ServiceSpec
+from slotune.collectors.kernel.btf import VMLINUX, Btf, BtfError
+from slotune.collectors.kernel.families.tcp import CB_SEGS, NET_INUM, SKB_CB, SK_NET
+from slotune.model.service import ServiceSpec
 from tests.probes.agreement import record
 from tests.probes.conftest import collected, hist
 

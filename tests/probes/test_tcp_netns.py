@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from daemon.collectors.kernel.targeting import Targeting
-from daemon.model.service import ServiceSpec
+from slotune.collectors.kernel.targeting import Targeting
+from slotune.model.service import ServiceSpec
 from tests.probes.agreement import record
 from tests.probes.conftest import bpftrace, collected, hist, stop
 from tests.probes.test_tcp import remove_namespace, sh, veth_namespace

@@ -7,7 +7,7 @@ import json
 import statistics
 import subprocess
 
-from daemon.model.service import ServiceSpec
+from slotune.model.service import ServiceSpec
 from tests.probes.agreement import record
 from tests.probes.conftest import collected, hist
 

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from daemon.model.service import ServiceSpec
+from slotune.model.service import ServiceSpec
 from tests.probes.agreement import record
 from tests.probes.conftest import WORKERS, collected, hist
 from tests.probes.test_tls import make_cert

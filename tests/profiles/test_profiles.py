@@ -15,16 +15,16 @@ import urllib.request
 import numpy as np
 import pytest
 
-from daemon import config
-from daemon.actuators import ACTUATORS
-from daemon.collectors.service_metrics import ServiceMetricsCollector
-from daemon.actuators.file import FileActuator
-from daemon.store.audit import AuditLog, Outcome
-from daemon.control.loop import ControlLoop
-from daemon.model import window
-from daemon.model.histogram import Histogram
-from daemon.model.interval import Interval
-from daemon.model.service import ServiceSpec
+from slotune import config
+from slotune.actuators import ACTUATORS
+from slotune.collectors.service_metrics import ServiceMetricsCollector
+from slotune.actuators.file import FileActuator
+from slotune.store.audit import AuditLog, Outcome
+from slotune.control.loop import ControlLoop
+from slotune.model import window
+from slotune.model.histogram import Histogram
+from slotune.model.interval import Interval
+from slotune.model.service import ServiceSpec
 from tests.actuators import real_servers
 from tests.profiles import exposition
 
@@ -159,9 +159,9 @@ def test_triton_means_from_cumulative_microsecond_counters(stand_in):
 
 
 def test_triton_batches_reach_the_batch_tuner_and_its_queue_mean_is_no_tail(stand_in):
-    from daemon.config import ServiceConf
-    from daemon.control.observations import Inputs
-    from tuners import batch
+    from slotune.config import ServiceConf
+    from slotune.control.observations import Inputs
+    from slotune.tuners import batch
     s = one_interval("triton", stand_in(exposition.triton))
     spec = ServiceSpec("svc", port=1, profile="triton")
     w = window.build(spec, 1.0, 2.0, [s])
@@ -195,7 +195,7 @@ def test_llamacpp_slots_and_kv_from_its_metrics_page(stand_in):
 
 
 def test_llamacpp_is_recognised_by_its_page_and_its_processes():
-    from daemon.commands import discover
+    from slotune.commands import discover
     assert discover.recognise(exposition.llamacpp(1)).name == "llamacpp"
     for process, cmdline in (("llama-server", "/opt/llama.cpp/build/bin/llama-server -m /models/q4.gguf "
                                               "--port 8080 -np 4 --metrics"),
@@ -413,7 +413,7 @@ def test_admission_at_haproxy_needs_its_target_there(tmp_path):
 
 def test_the_throttle_of_an_engine_lands_on_the_real_haproxy_in_front(tmp_path, haproxy):
     """vLLM's observations, HAProxy's maxconn: read back from HAProxy's own `show stat`."""
-    from daemon.actuators import for_control
+    from slotune.actuators import for_control
     cfg = load(tmp_path, '[services.llm]\nport = 8000\nprofile = "vllm"\nadmission_by = "front"\nslo_p99_ms = 200.0\n'
                          '[services.llm.tuners.throttle]\npolicy = "slotune"\ninterval_s = 1.0\n'
                          "[services.llm.settings.concurrency_limit]\nmin = 1\nmax = 64\nmax_step = 8\ninteger = true\n"
@@ -429,11 +429,11 @@ def test_the_throttle_of_an_engine_lands_on_the_real_haproxy_in_front(tmp_path, 
 
 def test_every_profile_cites_its_page_and_is_in_the_targets_table():
     import importlib
-    from daemon import profiles
+    from slotune import profiles
     from tests.conftest import ROOT
     table = (ROOT / "docs/targets.md").read_text()
     for p in profiles.every():
-        assert p.doc in importlib.import_module(f"daemon.profiles.{p.name}").__doc__, p.name
+        assert p.doc in importlib.import_module(f"slotune.profiles.{p.name}").__doc__, p.name
         assert f"| `{p.name}` |" in table, f"docs/targets.md has no row for the {p.name} profile"
         for s in p.settings or ():
             assert s.name in table, f"docs/targets.md: {p.name}'s {s.name}"
@@ -441,7 +441,7 @@ def test_every_profile_cites_its_page_and_is_in_the_targets_table():
 
 def test_every_live_setting_names_an_actuator_that_takes_its_target():
     """The profiles' declarations and the actuators' forms agree (placeholders filled as a user would)."""
-    from daemon import profiles
+    from slotune import profiles
     filled = {"BACKEND/SERVER": "be_app/app", "ZONE": "perserver", "CLUSTER": "vllm"}
     for p in profiles.every():
         for s in p.settings or ():

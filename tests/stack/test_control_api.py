@@ -129,7 +129,7 @@ def test_a_bad_initial_setting_stops_the_service_with_the_reason(tmp_path):
 
 
 def test_the_reference_actuator_reads_the_numbers_and_pushes_a_change_to_a_real_service(stack):
-    from daemon.actuators.http_json import HttpJsonActuator
+    from slotune.actuators.http_json import HttpJsonActuator
     actuator = HttpJsonActuator(stack.urls["gateway"] + "/admin/config", stack.state["token_file"],
                                 settings_key="settings")
     before = stack.settings("gateway")

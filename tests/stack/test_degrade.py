@@ -8,13 +8,13 @@ import random
 
 import numpy as np
 
-from daemon import config
-from daemon.actuators import for_control
-from daemon.store.audit import AuditLog, Outcome
-from daemon.control.loop import ControlLoop
-from daemon.model.histogram import Histogram
-from daemon.model.interval import Interval
-from daemon.model.window import Window
+from slotune import config
+from slotune.actuators import for_control
+from slotune.store.audit import AuditLog, Outcome
+from slotune.control.loop import ControlLoop
+from slotune.model.histogram import Histogram
+from slotune.model.interval import Interval
+from slotune.model.window import Window
 from reference_stack.corpus import tool_queries
 
 QUERIES = 40

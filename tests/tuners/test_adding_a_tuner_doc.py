@@ -3,8 +3,8 @@ code it quotes is in the repository as quoted, its config loads, and the daemon'
 config reference (docs/daemon.md) gives every tuner key its spec's default and range."""
 import re
 
-from daemon import config
-from daemon.control.tuner_specs import SPECS
+from slotune import config
+from slotune.control.tuner_specs import SPECS
 from tests.conftest import ROOT
 
 DOC = (ROOT / "docs" / "extending.md").read_text()

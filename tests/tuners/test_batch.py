@@ -5,7 +5,7 @@ import numpy as np
 
 from bench.sim import batch_bench
 from tests.tuners.purity import assert_pure
-from tuners import batch
+from slotune.tuners import batch
 
 P = batch.POLICIES
 START = {"max_batch_size": 8, "max_queue_delay_ms": 5}

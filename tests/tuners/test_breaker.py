@@ -3,7 +3,7 @@ import math
 
 from bench.sim import breaker_bench
 from tests.tuners.purity import assert_pure
-from tuners import breaker
+from slotune.tuners import breaker
 
 P = breaker.POLICIES
 START = {"breaker_failure_threshold": 0.5, "breaker_consecutive_failures": 0, "breaker_open_s": 30}

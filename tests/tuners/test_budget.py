@@ -6,7 +6,7 @@ import pytest
 
 from bench.sim import budget_bench
 from tests.tuners.purity import assert_pure
-from tuners import budget
+from slotune.tuners import budget
 
 P = budget.POLICIES
 HOPS = (("gateway", 0.1), ("tool", 0.3), ("inference", 0.6))

@@ -8,15 +8,15 @@ import pytest
 
 from bench.sim import continuous as sim
 from bench.sim import continuous_batch_bench as bench
-from daemon import config
-from daemon.config import ServiceConf
-from daemon.control.observations import Inputs
-from daemon.control.tuner_specs import SPECS
-from daemon.model.histogram import BucketHistogram, Histogram
-from daemon.model.service import ServiceSpec
-from daemon.model.window import Window
+from slotune import config
+from slotune.config import ServiceConf
+from slotune.control.observations import Inputs
+from slotune.control.tuner_specs import SPECS
+from slotune.model.histogram import BucketHistogram, Histogram
+from slotune.model.service import ServiceSpec
+from slotune.model.window import Window
 from tests.tuners.purity import assert_pure
-from tuners import continuous_batch as cb
+from slotune.tuners import continuous_batch as cb
 
 P = cb.POLICIES
 START = {cb.SEQS: 64.0, cb.TOKENS: 512.0}

@@ -6,7 +6,7 @@ import pytest
 
 from bench.sim import degrade_bench
 from tests.tuners.purity import assert_pure
-from tuners import degrade, throttle
+from slotune.tuners import degrade, throttle
 
 P = degrade.POLICIES
 START = {"degrade_ratio": 0.0}

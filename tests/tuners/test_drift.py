@@ -4,7 +4,7 @@ import pytest
 
 from bench.sim import drift_bench
 from tests.tuners.purity import assert_pure
-from tuners import drift
+from slotune.tuners import drift
 
 P = drift.POLICIES
 BASE = drift.Baseline(mean=1.0, std=0.02, windows=168)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuners.base import Decision, Option, Policy, Spec, changed, setting
+from slotune.tuners.base import Decision, Option, Policy, Spec, changed, setting
 
 INTERVAL_S = 1.0
 SPEC = Spec(("toy_knob",), options=(Option("factor", 0.5, 0.1, 0.9, "what a cut keeps"),))
@@ -42,13 +42,13 @@ RUN = '''
 import json, sys
 import numpy as np
 from pathlib import Path
-from daemon import config
-from daemon.actuators.file import FileActuator
-from daemon.control.loop import ControlLoop
-from daemon.model.histogram import Histogram
-from daemon.model.interval import Interval
-from daemon.model.window import Window
-from daemon.store.audit import AuditLog
+from slotune import config
+from slotune.actuators.file import FileActuator
+from slotune.control.loop import ControlLoop
+from slotune.model.histogram import Histogram
+from slotune.model.interval import Interval
+from slotune.model.window import Window
+from slotune.store.audit import AuditLog
 
 work = Path(sys.argv[1])
 settings = work / "settings.json"

@@ -3,8 +3,8 @@ import dataclasses
 
 import pytest
 
-from tuners import TUNERS, policy
-from tuners.base import Decision
+from slotune.tuners import TUNERS, policy
+from slotune.tuners.base import Decision
 
 EXPECTED = {
     "throttle": {"slotune", "whitepaper", "gradient2", "vegas", "envoy"},

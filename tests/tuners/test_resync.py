@@ -3,7 +3,7 @@ can make it steer from the value in force (no wind-up after a clip, a hold, a
 rollback or a dry run): resync writes exactly that value there."""
 import pytest
 
-from tuners import TUNERS
+from slotune.tuners import TUNERS
 
 SETTINGS = {"concurrency_limit": 32.0, "rate_limit_rps": 100.0, "max_batch_size": 8.0, "max_queue_delay_ms": 5.0,
             "trace_sample_rate": 0.5, "trace_keep_slower_than_s": 0.2, "breaker_failure_threshold": 0.5,

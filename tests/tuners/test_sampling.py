@@ -5,7 +5,7 @@ import numpy as np
 
 from bench.sim import sampling_bench
 from tests.tuners.purity import assert_pure
-from tuners import sampling
+from slotune.tuners import sampling
 
 P = sampling.POLICIES
 

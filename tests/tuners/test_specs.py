@@ -4,15 +4,15 @@ tuner's own keys from its spec: defaults, ranges, unknown keys, the settings it 
 import numpy as np
 import pytest
 
-from daemon import config
-from daemon.config import ServiceConf
-from daemon.control.observations import Inputs
-from daemon.control.tuner_specs import SPECS
-from daemon.model.histogram import Histogram
-from daemon.model.service import ServiceSpec
-from daemon.model.window import Window
-from tuners import TUNERS
-from tuners.drift import Baseline
+from slotune import config
+from slotune.config import ServiceConf
+from slotune.control.observations import Inputs
+from slotune.control.tuner_specs import SPECS
+from slotune.model.histogram import Histogram
+from slotune.model.service import ServiceSpec
+from slotune.model.window import Window
+from slotune.tuners import TUNERS
+from slotune.tuners.drift import Baseline
 
 
 def test_every_tuner_has_one_spec_and_it_names_the_tuner_s_module():

@@ -7,7 +7,7 @@ import pytest
 
 from bench.sim import throttle_bench
 from tests.tuners.purity import assert_pure
-from tuners import throttle
+from slotune.tuners import throttle
 
 P = throttle.POLICIES
 

@@ -11,10 +11,10 @@ from typing import Callable
 
 import pynvml
 
-from daemon.model.sample import Sample
-from daemon.collectors.gpu.device import GpuDevice, GpuReading, log, text
-from daemon.export.samples import register_signals
-from daemon.model.service import ServiceSpec
+from slotune.model.sample import Sample
+from slotune.collectors.gpu.device import GpuDevice, GpuReading, log, text
+from slotune.export.samples import register_signals
+from slotune.model.service import ServiceSpec
 
 XID_GPU_FELL_OFF_THE_BUS = 79
 MAX_EVENTS_PER_SWEEP = 1000  # an XID storm cannot stall a sweep
@@ -102,7 +102,7 @@ def handle_key(handle) -> int:
 
 
 class NvmlCollector:
-    """Collector protocol (daemon.collectors.base) over NVML.
+    """Collector protocol (slotune.collectors.base) over NVML.
 
     pids_of(service name) -> host PIDs comes from the daemon's service targeting;
     nvml is the NVML binding (pynvml; tests pass a stand-in because no GPU exists there)."""
@@ -131,7 +131,7 @@ class NvmlCollector:
         return {}
 
     def metric_families(self):
-        from daemon.collectors.gpu.metrics import GpuMetrics   # it reads this collector
+        from slotune.collectors.gpu.metrics import GpuMetrics   # it reads this collector
         return (GpuMetrics(self),)
 
     def start(self, services: list[ServiceSpec]) -> None:

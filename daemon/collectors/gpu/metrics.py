@@ -1,7 +1,7 @@
 """Prometheus export of the GPU collector: slotune_gpu_* families built at scrape
 time from the latest sweep (no NVML call on the scrape path), labelled by gpu
 index and uuid, per service by service and gpu, never per PID. (Each service's
-Sample rollups, slotune_service_gpu_*, go out through daemon.export.samples.)"""
+Sample rollups, slotune_service_gpu_*, go out through slotune.export.samples.)"""
 from __future__ import annotations
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -32,7 +32,7 @@ GAUGES = {
 class GpuMetrics:
     """A prometheus_client custom collector over an NvmlCollector:
     registry.register(GpuMetrics(nvml_collector)). slotune_collector_up{collector="nvml"}
-    comes from daemon.export.samples.SampleExporter.set_collector_up, like every collector's."""
+    comes from slotune.export.samples.SampleExporter.set_collector_up, like every collector's."""
 
     def __init__(self, collector):
         self.collector = collector

@@ -14,7 +14,7 @@ import select
 import threading
 from typing import Callable
 
-from daemon.collectors.kernel.family import Attachment
+from slotune.collectors.kernel.family import Attachment
 
 log = logging.getLogger(__name__)
 

@@ -19,17 +19,17 @@ import os
 import threading
 import time
 
-from daemon.model.sample import Sample
-from daemon.collectors.kernel.arrivals import Arrivals
-from daemon.collectors.kernel.evictions import Evictions
-from daemon.collectors.kernel.families import SIGNAL_NAMES, make_families
-from daemon.collectors.kernel.map_full import MapFull
-from daemon.collectors.kernel.maps import U32, items
-from daemon.collectors.kernel.program import HINT_SLOTS, MAP_ENTRIES, Program
-from daemon.collectors.kernel.program_cost import ProgramCost, say_at_start
-from daemon.model.histogram import Histogram
-from daemon.model.service import ServiceSpec
-from daemon.collectors.kernel.targeting import ServiceProcesses, Targeting, threads
+from slotune.model.sample import Sample
+from slotune.collectors.kernel.arrivals import Arrivals
+from slotune.collectors.kernel.evictions import Evictions
+from slotune.collectors.kernel.families import SIGNAL_NAMES, make_families
+from slotune.collectors.kernel.map_full import MapFull
+from slotune.collectors.kernel.maps import U32, items
+from slotune.collectors.kernel.program import HINT_SLOTS, MAP_ENTRIES, Program
+from slotune.collectors.kernel.program_cost import ProgramCost, say_at_start
+from slotune.model.histogram import Histogram
+from slotune.model.service import ServiceSpec
+from slotune.collectors.kernel.targeting import ServiceProcesses, Targeting, threads
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from daemon.collectors.kernel.helpers import Helper
+from slotune.collectors.kernel.helpers import Helper
 
 
 class Map(NamedTuple):

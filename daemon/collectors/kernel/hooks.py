@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from daemon.collectors.kernel.family import Family
+    from slotune.collectors.kernel.family import Family
 
 
 class Point(NamedTuple):

@@ -11,7 +11,7 @@ import threading
 
 from prometheus_client.core import CounterMetricFamily
 
-from daemon.collectors.kernel.program import EVICTING, FAMILY_MAPS, MAP_ENTRIES_RANGE, REFUSING
+from slotune.collectors.kernel.program import EVICTING, FAMILY_MAPS, MAP_ENTRIES_RANGE, REFUSING
 
 log = logging.getLogger(__name__)
 

@@ -14,13 +14,13 @@ import logging
 
 import numpy as np
 
-import bpf as bpf_sources
-from daemon.collectors.kernel import hooks
-from daemon.collectors.kernel.families import FAMILIES, SIGNAL_IDS
-from daemon.collectors.kernel.family import Attachment, Family
-from daemon.collectors.kernel.helpers import missing
-from daemon.collectors.kernel.maps import arrays, entry_count, percpu_sums
-from daemon.model.histogram import SLOTS, SUB, SUB_BITS
+from slotune import bpf as bpf_sources
+from slotune.collectors.kernel import hooks
+from slotune.collectors.kernel.families import FAMILIES, SIGNAL_IDS
+from slotune.collectors.kernel.family import Attachment, Family
+from slotune.collectors.kernel.helpers import missing
+from slotune.collectors.kernel.maps import arrays, entry_count, percpu_sums
+from slotune.model.histogram import SLOTS, SUB, SUB_BITS
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily
 
-from daemon.collectors.kernel.program import fdinfo
+from slotune.collectors.kernel.program import fdinfo
 
 log = logging.getLogger(__name__)
 

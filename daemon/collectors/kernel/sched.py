@@ -10,8 +10,8 @@ from __future__ import annotations
 import functools
 import logging
 
-from daemon.collectors.kernel.btf import BtfError, offsets
-from daemon.collectors.kernel.helpers import release
+from slotune.collectors.kernel.btf import BtfError, offsets
+from slotune.collectors.kernel.helpers import release
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ import logging
 import os
 import platform
 
-from daemon.collectors.kernel.btf import BtfError, offsets
-from daemon.collectors.kernel.helpers import release
+from slotune.collectors.kernel.btf import BtfError, offsets
+from slotune.collectors.kernel.helpers import release
 
 log = logging.getLogger(__name__)
 

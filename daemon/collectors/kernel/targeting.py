@@ -15,8 +15,8 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from daemon.host.proc_clock import CLOCK_TICKS, uptime_s
-from daemon.model.service import ServiceSpec
+from slotune.host.proc_clock import CLOCK_TICKS, uptime_s
+from slotune.model.service import ServiceSpec
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 # Any local user can start a process whose command line (up to 2 MiB) a cmdline pattern

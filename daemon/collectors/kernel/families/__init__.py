@@ -8,9 +8,9 @@ import importlib
 import inspect
 import pkgutil
 
-from daemon.collectors.kernel import hooks
-from daemon.collectors.kernel.family import Family
-from daemon.export.samples import register_signals
+from slotune.collectors.kernel import hooks
+from slotune.collectors.kernel.family import Family
+from slotune.export.samples import register_signals
 
 
 def _found() -> list[type[Family]]:

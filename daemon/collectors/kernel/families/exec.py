@@ -1,7 +1,7 @@
 """Programs started per service (bpf/exec.bpf.c): a service that forks and execs
 a helper per request pays a process start each time, a latency smell worth a counter."""
-from daemon.collectors.kernel.arrivals import EXEC
-from daemon.collectors.kernel.family import Family, Signal
+from slotune.collectors.kernel.arrivals import EXEC
+from slotune.collectors.kernel.family import Family, Signal
 
 
 class Exec(Family):

@@ -5,10 +5,10 @@ the client away (429, 503: a limit or a queue timeout), timed apart. Requests fo
 service's untimed paths (its own /metrics, health checks) are neither counted nor timed."""
 import ctypes
 
-from daemon.collectors.kernel import sockets
-from daemon.collectors.kernel.family import Family, Map, Signal
-from daemon.collectors.kernel.helpers import PT_REGS
-from daemon.collectors.kernel.maps import set_entries
+from slotune.collectors.kernel import sockets
+from slotune.collectors.kernel.family import Family, Map, Signal
+from slotune.collectors.kernel.helpers import PT_REGS
+from slotune.collectors.kernel.maps import set_entries
 
 STATUS_CLASSES = {n: f"{n}xx" for n in range(2, 6)}   # label id: the status code's first digit
 # The statuses that mean "not served, come back later" (label id: the code itself):

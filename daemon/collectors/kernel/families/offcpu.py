@@ -1,8 +1,8 @@
 """Off-CPU time per service and syscall class, from the scheduler (bpf/offcpu.bpf.c):
 each time a watched task blocks inside a syscall, how long it was away."""
-from daemon.collectors.kernel import sched
-from daemon.collectors.kernel.family import Family, Map, Signal
-from daemon.collectors.kernel.helpers import PT_REGS
+from slotune.collectors.kernel import sched
+from slotune.collectors.kernel.family import Family, Map, Signal
+from slotune.collectors.kernel.helpers import PT_REGS
 
 # Label ids shared with the C side as OFFCPU_<NAME>; the order is the id.
 SYSCALL_CLASSES = ("other", "net", "poll", "futex", "connect", "sleep", "io")

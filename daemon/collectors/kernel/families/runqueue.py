@@ -1,6 +1,6 @@
 """Run-queue wait per service (bpf/runqueue.bpf.c)."""
-from daemon.collectors.kernel import sched
-from daemon.collectors.kernel.family import Family, Map, Signal
+from slotune.collectors.kernel import sched
+from slotune.collectors.kernel.family import Family, Map, Signal
 
 
 class RunQueue(Family):

@@ -8,9 +8,9 @@ from __future__ import annotations
 import ctypes
 import logging
 
-from daemon.collectors.kernel.btf import BtfError, offsets
-from daemon.collectors.kernel.family import Family, Map, Signal
-from daemon.collectors.kernel.maps import U16, U32, set_entries
+from slotune.collectors.kernel.btf import BtfError, offsets
+from slotune.collectors.kernel.family import Family, Map, Signal
+from slotune.collectors.kernel.maps import U16, U32, set_entries
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 
-from daemon.collectors.kernel import sockets
-from daemon.collectors.kernel.family import Attachment, Family, Map, Signal
-from daemon.collectors.kernel.helpers import PT_REGS
+from slotune.collectors.kernel import sockets
+from slotune.collectors.kernel.family import Attachment, Family, Map, Signal
+from slotune.collectors.kernel.helpers import PT_REGS
 
 DIRECTIONS = ("read", "write")           # TLS_READ = 0, TLS_WRITE = 1
 ENTRY = {"SSL_read": "on_ssl_read", "SSL_write": "on_ssl_write",
