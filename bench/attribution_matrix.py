@@ -201,7 +201,7 @@ def judge(fault, steps: list[tuple[float, dict]], t_on: float, settle: int, serv
 
 def _detail(exp) -> str:
     """A window's verdict with the figures behind it (for --verbose)."""
-    rises = sorted(((e["rise_s"], c) for c, e in exp.evidence.items() if e["rise_s"] > 0), reverse=True)[:3]
+    rises = sorted(((e.rise_s, c) for c, e in exp.evidence.items() if e.rise_s > 0), reverse=True)[:3]
     return (f"{exp.verdict}  [P50 {exp.p50_s * 1e3:.1f} P99 {exp.p99_s * 1e3:.1f} growth {exp.growth_s * 1e3:+.1f} "
             f"noise {exp.noise_s * 1e3:.1f} ms; rises " + ", ".join(f"{c} {r * 1e3:.2f}" for r, c in rises) + "]")
 

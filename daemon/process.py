@@ -11,6 +11,7 @@ import logging
 import math
 import time
 from collections import defaultdict
+from functools import partial
 
 from prometheus_client import CollectorRegistry
 
@@ -38,6 +39,7 @@ from slotune.model.columns import History
 from slotune.model.interval import Interval
 from slotune.store.baselines import BaselineStore
 from slotune.store.recorder import BaselineRecorder
+from slotune.model import signals
 
 log = logging.getLogger(__name__)
 STORE_BUSY_S = 0.5         # a locked baseline store costs a tick at most this long
@@ -97,8 +99,8 @@ class Daemon:
         self.state_errors = 0
         self.signals = Signals()
         self.server: MetricsServer | None = None
-        self.explained: dict = {}       # attribution's last explanations, by service
-        self.explained_span = None      # the RECENT_S span they judged (end // RECENT_S)
+        self.explained: dict[str, attribution.Explanation] = {}     # the last explanations, by service
+        self.explained_span: int | None = None      # the RECENT_S span they judged (end // RECENT_S)
         self.shown = self._status(Interval(0.0, 0.0, {}), LoopView())   # until the first tick
 
     @property
@@ -270,7 +272,7 @@ class Daemon:
         built = []
         for svc in self.cfg.services:
             w = self.bulkheads.run(svc.name, "window",
-                                   lambda svc=svc: window.build(svc.spec, start, end, by_service.get(svc.name, [])))
+                                   partial(window.build, svc.spec, start, end, by_service.get(svc.name, [])))
             if w is not None:
                 self.history[svc.name].append(w)
                 built.append(w)
@@ -337,7 +339,7 @@ class Daemon:
                 "tpot_p99_s": _p99(w.tpot) if w else None,
                 "rate_rps": w.rate if w else 0.0,
                 "rtt_mean_s": _mean(self._rtt_to(svc.name, interval)),
-                "runqueue_p99_s": _p99(w.family("runqueue_wait")) if w else None,
+                "runqueue_p99_s": _p99(w.family(signals.RUNQUEUE_WAIT)) if w else None,
                 "goodput_rps": w.goodput if w else 0.0,
                 "errors": w.errors if w else 0.0,
                 "latency_source": w.latency_source if w else "",
@@ -355,13 +357,13 @@ class Daemon:
         it in its [peers], from the caller's sockets: a request's round trip, as the reply
         carries its ACK (a Redis GET). Else from the service's own sockets, whose replies'
         ACKs wait for the client's next request or its delayed-ACK timer (up to 40 ms)."""
-        seen = [w.histograms.get(("tcp_rtt", name)) for other in self.cfg.services
+        seen = [w.histograms.get((signals.TCP_RTT, name)) for other in self.cfg.services
                 if (w := interval.latest(other.name)) is not None]
         callers = [h for h in seen if h is not None]
         if callers:
             return merged(callers)
         own = interval.latest(name)
-        return own.family("tcp_rtt") if own is not None else None
+        return own.family(signals.TCP_RTT) if own is not None else None
 
 
 def _finite(v: float) -> float | None:

@@ -63,8 +63,8 @@ def test_growth_is_split_in_proportion_to_how_much_each_cause_rose():
     assert e.shares["runqueue_wait"] == pytest.approx(0.25)
     assert e.shares["blocking_syscalls"] == pytest.approx(0.75)
     assert e.top_cause == "blocking_syscalls"
-    assert e.evidence["blocking_syscalls"]["recent"] == pytest.approx(0.60001)
-    assert e.evidence["blocking_syscalls"]["baseline"] == pytest.approx(0.00001)
+    assert e.evidence["blocking_syscalls"].recent == pytest.approx(0.60001)
+    assert e.evidence["blocking_syscalls"].baseline == pytest.approx(0.00001)
 
 
 def test_small_rises_are_scaled_up_at_most_tail_gain_times_and_the_rest_stays_unexplained():
@@ -72,7 +72,7 @@ def test_small_rises_are_scaled_up_at_most_tail_gain_times_and_the_rest_stays_un
     # is held back): credited at most 10 x 0.01 = 0.1 s.
     ws = history(faulty=[(SLOW_TAIL, {"runqueue_s": 1.001})])
     e = explain("svc", {"svc": ws}, recent_s=1.0)
-    assert e.evidence["runqueue_wait"]["credited_s"] == pytest.approx(attribution.TAIL_GAIN * 0.01)
+    assert e.evidence["runqueue_wait"].credited_s == pytest.approx(attribution.TAIL_GAIN * 0.01)
     assert e.shares["runqueue_wait"] == pytest.approx(attribution.TAIL_GAIN * 0.01 / (0.19 - 0.0199))
     assert sum(e.shares.values()) < 0.6
     assert e.top_cause == "runqueue_wait"
@@ -199,7 +199,7 @@ def test_transport_causes_read_tls_handshakes_and_retransmits_per_request():
     ws = [window(t, extra=calm) for t in range(20)] + [window(20, (0, 95, 5, 0, 0, 0, 0), extra=hand)]
     e = explain("svc", {"svc": ws}, recent_s=1.0)
     assert e.top_cause == "tls_handshake"
-    assert e.evidence["tls_handshake"]["recent"] == pytest.approx(0.005)
+    assert e.evidence["tls_handshake"].recent == pytest.approx(0.005)
     w = window(0, extra=calm)
     w.counters[("tcp_retransmits", "inference")] = 5.0      # 5 in 100 requests wait one RTO each
     assert attribution.causes.retransmits(w).value_s == pytest.approx(0.05 * attribution.causes.MIN_RTO_S)
@@ -258,7 +258,7 @@ def test_batch_queue_wait_counts_only_the_wait_beyond_the_batch_running_ahead():
     ws = [inference(t, 15, 8) for t in range(20)] + [inference(20, 95, 90, runqueue_s=20.0, counts=SLOW_TAIL)]
     e = explain("svc", {"svc": ws}, recent_s=1.0)
     assert e.top_cause == "runqueue_wait"
-    assert e.evidence["batch_queue_wait"]["rise_s"] < 0.001
+    assert e.evidence["batch_queue_wait"].rise_s < 0.001
     # A longer batch delay: the wait grows on its own.
     ws = [inference(t, 15, 8) for t in range(20)] + [inference(20, 150, 8, counts=SLOW_TAIL)]
     e = explain("svc", {"svc": ws}, recent_s=1.0)
@@ -288,7 +288,7 @@ def test_tool_calls_timed_by_a_stalled_caller_do_not_take_the_blame():
     ws = [gateway(t, 10) for t in range(20)] + [gateway(20, 70, blocking_s=3.0, counts=SLOW_TAIL)]
     e = explain("svc", {"svc": ws}, recent_s=1.0)
     assert e.top_cause == "blocking_syscalls"
-    assert e.evidence["tool:search"]["rise_s"] == 0.0
+    assert e.evidence["tool:search"].rise_s == 0.0
     # The tool itself slows down and nothing in the caller stalls: the tool is named.
     ws = [gateway(t, 10) for t in range(20)] + [gateway(20, 180, counts=SLOW_TAIL)]
     e = explain("svc", {"svc": ws}, recent_s=1.0)
@@ -356,7 +356,7 @@ def test_a_shift_downstream_is_read_as_the_callees_own_p50_shift():
     callee = [kernel_only(t, "callee", 3.0 if t >= 40 else 0.0) for t in range(42)]
     e = explain("gateway", {"gateway": gateway, "callee": callee}, {"gateway": ["callee"]})
     assert e.moved == e.downstream["callee"].moved == "P50"
-    assert e.evidence["downstream:callee"]["signal"] == "callee P50"
+    assert e.evidence["downstream:callee"].signal == "callee P50"
     assert e.top_cause == "downstream:callee"
 
 
@@ -372,8 +372,8 @@ def test_more_requests_coming_is_named_as_offered_load_with_the_queue_it_built()
     e = explain("svc", {"svc": ws})
     assert e.top_cause == "offered_load" and e.shares["offered_load"] > 0.8
     assert "batch_queue_wait" not in e.evidence
-    assert e.evidence["offered_load"]["baseline"] == pytest.approx(100)
-    assert e.evidence["offered_load"]["recent"] == pytest.approx(200)
+    assert e.evidence["offered_load"].baseline == pytest.approx(100)
+    assert e.evidence["offered_load"].recent == pytest.approx(200)
 
 
 def test_a_queue_that_grows_at_the_usual_rate_stays_the_batchers_own():
@@ -414,4 +414,4 @@ def test_load_is_judged_by_the_requests_the_kernel_saw_arrive():
     assert released.growth_s > 0.2 and "offered_load" not in released.evidence
     surge = explain("svc", {"svc": calm + [timed(t, 50, 150, True) for t in (40, 41)]})
     assert surge.top_cause == "offered_load"
-    assert surge.evidence["offered_load"]["recent"] == pytest.approx(150)
+    assert surge.evidence["offered_load"].recent == pytest.approx(150)

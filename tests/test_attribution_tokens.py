@@ -45,8 +45,8 @@ def test_a_load_step_that_fills_the_queue_is_credited_to_waiting_sequences():
     assert ttft.growth_s == pytest.approx(0.18, rel=0.01)
     assert ttft.top_cause == "queue"
     # Little's law with 10 first tokens a second: 14 -> 1.4 s of waiting, 52 -> 5.2 s.
-    assert ttft.evidence["queue"]["baseline"] == 14.0 and ttft.evidence["queue"]["recent"] == 52.0
-    assert ttft.evidence["queue"]["rise_s"] == pytest.approx(5.2 - 1.4)
+    assert ttft.evidence["queue"].baseline == 14.0 and ttft.evidence["queue"].recent == 52.0
+    assert ttft.evidence["queue"].rise_s == pytest.approx(5.2 - 1.4)
     assert ttft.shares["queue"] > 0.9                       # nothing else moved
     assert ttft.verdict.startswith("inference TTFT P99 +180")
     assert "% queue (waiting 14 → 52)" in ttft.verdict
@@ -65,7 +65,7 @@ def test_a_wider_batch_slows_every_step_and_tpot_names_batch_width():
     assert tpot.top_cause == "batch_width"
     assert "running 4 → 16" in tpot.verdict
     # each step's time split by tokens: 4 of 5 tokens are decodes in the baseline, 16 of 17 now
-    assert tpot.evidence["batch_width"]["rise_s"] == pytest.approx(0.045 * 16 / 17 - 0.015 * 4 / 5, rel=1e-3)
+    assert tpot.evidence["batch_width"].rise_s == pytest.approx(0.045 * 16 / 17 - 0.015 * 4 / 5, rel=1e-3)
 
 
 def test_long_prompts_chunked_beside_the_decodes_are_prefill_for_tpot_and_ttft():
@@ -73,7 +73,7 @@ def test_long_prompts_chunked_beside_the_decodes_are_prefill_for_tpot_and_ttft()
     tpot, ttft = e.tokens["tpot"], e.tokens["ttft"]
     assert tpot.top_cause == "prefill" and ttft.top_cause == "prefill"
     assert "prefill tokens/step 1 → 60" in tpot.verdict
-    assert tpot.evidence["prefill"]["rise_s"] == pytest.approx(0.045 * 60 / 64 - 0.015 * 1 / 5, rel=1e-3)
+    assert tpot.evidence["prefill"].rise_s == pytest.approx(0.045 * 60 / 64 - 0.015 * 1 / 5, rel=1e-3)
     assert tpot.shares["prefill"] > tpot.shares.get("batch_width", 0.0)
 
 
@@ -81,7 +81,7 @@ def test_preemptions_explain_a_ttft_growth_when_the_cache_runs_out():
     e = run({"ttft_ms": 300.0, "preemptions": 15.0})
     ttft = e.tokens["ttft"]
     assert ttft.top_cause == "preemption"
-    assert ttft.evidence["preemption"]["recent"] == pytest.approx(1.5)       # 15 over 10 requests
+    assert ttft.evidence["preemption"].recent == pytest.approx(1.5)       # 15 over 10 requests
     assert "preemptions/request 0 → 1.5" in ttft.verdict
 
 

@@ -258,8 +258,8 @@ LIMIT_FIELDS = {"concurrency_limit": "limit"}
 RATE_FIELDS = {"rate_limit_rps": "rate"}
 
 
-def _refuse_no_limit(name: str, value: float) -> None:
-    if value <= 0:
+def _refuse_no_limit(name: str, value: float | None) -> None:
+    if value is not None and value <= 0:
         raise ValueError(f"throttle tuner: {name} is {value:g} in force, which the service reads as no limit "
                          f"(the reference gateway and HAProxy do), and a limit steered by factors cannot start "
                          f"from it: give the service a starting {name} (what it would run with without slotune) "

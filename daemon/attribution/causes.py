@@ -12,6 +12,7 @@ from typing import Callable
 from slotune.model import labels
 from slotune.model.histogram import BucketHistogram, Histogram, add_into, merged
 from slotune.model.window import Window
+from slotune.model import signals
 
 # Syscall classes (bpf/offcpu.bpf.c) that stall the thread that makes them:
 # sleeps, file reads/writes, and the rest (fsync, ...). poll and futex are how
@@ -39,7 +40,7 @@ def _per_request(total_s: float, span: Window) -> float | None:
 
 
 def runqueue_wait(span: Window) -> Reading | None:
-    h = span.histograms.get(("runqueue_wait", ""))
+    h = span.histograms.get((signals.RUNQUEUE_WAIT, ""))
     if h is None:
         return None
     v = _per_request(_total_s(h), span)
@@ -48,7 +49,7 @@ def runqueue_wait(span: Window) -> Reading | None:
 
 def blocking_syscalls(span: Window) -> Reading | None:
     total = [_total_s(h) for (sig, label), h in span.histograms.items()
-             if sig == "offcpu" and label in BLOCKING_CLASSES]
+             if sig == signals.OFFCPU and label in BLOCKING_CLASSES]
     if not total:
         return None
     v = _per_request(sum(total), span)
@@ -87,7 +88,7 @@ def batch_queue_wait(span: Window) -> Reading | None:
 def network_rtt(span: Window) -> Reading | None:
     """Mean smoothed RTT towards the slowest peer: a queue on the path shows in
     every round trip, while the P99 of srtt on loopback is delayed-ACK noise."""
-    means = [_total_s(h) / h.count for (sig, _), h in span.histograms.items() if sig == "tcp_rtt" and h.count]
+    means = [_total_s(h) / h.count for (sig, _), h in span.histograms.items() if sig == signals.TCP_RTT and h.count]
     if not means:
         return None
     return Reading(max(means), "TCP smoothed RTT, mean (slowest peer)", max(means), "s")
@@ -95,9 +96,9 @@ def network_rtt(span: Window) -> Reading | None:
 
 def retransmits(span: Window) -> Reading | None:
     """Each retransmission costs at least the minimum RTO; read as the mean per request."""
-    if not any(sig.startswith("tcp_") for sig, _ in [*span.histograms, *span.counters]):
+    if not any(sig.startswith(signals.TCP_PREFIX) for sig, _ in [*span.histograms, *span.counters]):
         return None
-    n = sum(v for (sig, _), v in span.counters.items() if sig == "tcp_retransmits")
+    n = sum(v for (sig, _), v in span.counters.items() if sig == signals.TCP_RETRANSMITS)
     per_req = _per_request(n, span)
     if per_req is None:
         return None
@@ -105,16 +106,16 @@ def retransmits(span: Window) -> Reading | None:
 
 
 def connect(span: Window) -> Reading | None:
-    found = [h for (sig, _), h in span.histograms.items() if sig == "tcp_connect"]
-    if not found and not any(sig.startswith("tcp_") for sig, _ in span.histograms):
+    found = [h for (sig, _), h in span.histograms.items() if sig == signals.TCP_CONNECT]
+    if not found and not any(sig.startswith(signals.TCP_PREFIX) for sig, _ in span.histograms):
         return None
     v = _per_request(sum(_total_s(h) for h in found), span)
     return None if v is None else Reading(v, "TCP connect time per request", v, "s")
 
 
 def tls_handshake(span: Window) -> Reading | None:
-    h = span.histograms.get(("tls_handshake", ""))
-    if h is None and not any(sig.startswith("tls_") for sig, _ in [*span.histograms, *span.counters]):
+    h = span.histograms.get((signals.TLS_HANDSHAKE, ""))
+    if h is None and not any(sig.startswith(signals.TLS_PREFIX) for sig, _ in [*span.histograms, *span.counters]):
         return None
     v = _per_request(_total_s(h) if h is not None else 0.0, span)
     return None if v is None else Reading(v, "TLS handshake time per request", v, "s")

@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 import operator
 from bisect import bisect_right
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import compress
 from typing import Mapping, Sequence
 
@@ -58,6 +58,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from slotune.attribution import causes
+from slotune.model import signals
 from slotune.attribution.spans import (TOKENS, Stats, baseline_spans, ended, jitter_rows, stats,
                                       timed, timed_column, timing_source)
 from slotune.model.columns import column
@@ -79,6 +80,26 @@ LOAD_RISE = 0.2          # requests coming this much above the baseline's usual 
 QUEUES = ("batch_queue_wait",)   # the queueing more load explains
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """What backs a cause: the signal read, in users' words and its unit, its value over
+    the baseline spans (median) and recently, the rise in seconds it explains, and the
+    seconds of the growth credited to it once the causes are weighed."""
+    signal: str
+    unit: str
+    baseline: float
+    recent: float
+    rise_s: float
+    short: str = ""                   # the signal in one word, for the verdict; "" = not shown
+    credited_s: float | None = None   # None until credited
+
+    def as_status(self) -> dict:
+        out = {"signal": self.signal, "unit": self.unit, "baseline": self.baseline, "recent": self.recent,
+               "rise_s": self.rise_s}
+        return out | ({"short": self.short} if self.short else {}) | \
+            ({"credited_s": self.credited_s} if self.credited_s is not None else {})
+
+
 @dataclass
 class Explanation:
     service: str
@@ -94,7 +115,7 @@ class Explanation:
     p99_s: float = math.nan
     jitter_s: float = 0.0                                # std of per-window P99 over the horizon
     jitter_shares: dict[str, float] = field(default_factory=dict)
-    evidence: dict[str, dict] = field(default_factory=dict)       # cause -> signal, baseline, recent, credited_s
+    evidence: dict[str, Evidence] = field(default_factory=dict)   # cause -> what backs it
     downstream: dict[str, "Explanation"] = field(default_factory=dict)
     path: list[tuple[str, str, float]] = field(default_factory=list)  # (service, cause, share) to the root cause
     also: list[list[tuple[str, str, float]]] = field(default_factory=list)  # the paths of other dominant causes
@@ -123,7 +144,7 @@ class Explanation:
 
     def as_status(self) -> dict:
         return {"verdict": self.verdict, "top_cause": self.top_cause, "shares": self.shares,
-                "confidence": self.confidence, "evidence": self.evidence,
+                "confidence": self.confidence, "evidence": {c: e.as_status() for c, e in self.evidence.items()},
                 "path": [list(p) for p in self.path], "also": [[list(p) for p in path] for path in self.also],
                 "excess_s": self.excess_s, "growth_s": self.growth_s,
                 "usual_tail_s": self.usual_tail_s,
@@ -195,7 +216,7 @@ def _robust_sd(values: np.ndarray) -> float:
     return 1.4826 * _median(np.abs(values - _median(values)))
 
 
-def _rises(split: _Split, skip_tools: set[str]) -> dict[str, dict]:
+def _rises(split: _Split, skip_tools: set[str]) -> dict[str, Evidence]:
     """The service's own causes -> evidence: the baseline (median over its spans) and
     recent readings, and the rise (s)."""
     now = split.recent.readings
@@ -208,25 +229,25 @@ def _rises(split: _Split, skip_tools: set[str]) -> dict[str, dict]:
         median = _median(values)
         usual = median + NOISE_SIGMAS * _robust_sd(values)
         r = now.get(cause)
-        out[cause] = {"signal": ref.signal, "unit": ref.unit, **({"short": ref.short} if ref.short else {}),
-                      "baseline": _median([r.raw if r else 0.0 for r in base]),
-                      "recent": r.raw if r else 0.0, "rise_s": max((r.value_s if r else 0.0) - usual, 0.0)}
+        out[cause] = Evidence(ref.signal, ref.unit, baseline=_median([r.raw if r else 0.0 for r in base]),
+                              recent=r.raw if r else 0.0, rise_s=max((r.value_s if r else 0.0) - usual, 0.0),
+                              short=ref.short)
     return out
 
 
-def _downstream_rises(downstream: Mapping[str, "Explanation"], moved: str) -> dict[str, dict]:
+def _downstream_rises(downstream: Mapping[str, "Explanation"], moved: str) -> dict[str, Evidence]:
     """Each callee read by the same quantile that moved here: a P50 shift is made of the
     callees' P50 shifts, a P99 growth of their P99 growth; each beyond its noise band."""
     out = {}
     for name, exp in downstream.items():
         growth, _, attributable = exp.moves[moved]
         recent = exp.p99_s if moved == "P99" else exp.p50_s
-        out[f"downstream:{name}"] = {"signal": f"{name} {moved}", "unit": "s", "baseline": recent - growth,
-                                     "recent": recent, "rise_s": attributable}
+        out[f"downstream:{name}"] = Evidence(f"{name} {moved}", "s", baseline=recent - growth, recent=recent,
+                                             rise_s=attributable)
     return out
 
 
-def _offered_load(split: _Split, evidence: dict[str, dict], attributable: float) -> dict[str, dict]:
+def _offered_load(split: _Split, evidence: dict[str, Evidence], attributable: float) -> dict[str, Evidence]:
     """More load as a cause of its own, the commonest cause of a tail: requests arriving
     per second (spans._arrivals: read, as the kernel saw them; else answered and
     refused) beyond the baseline spans' usual rate (median + 2 robust deviations) and
@@ -240,11 +261,10 @@ def _offered_load(split: _Split, evidence: dict[str, dict], attributable: float)
     if not base or now <= max(base * (1 + LOAD_RISE), base + NOISE_SIGMAS * _robust_sd(rates)):
         return evidence
     evidence = dict(evidence)
-    queued = sum(evidence.pop(c)["rise_s"] for c in QUEUES if c in evidence)
-    others = sum(e["rise_s"] for e in evidence.values())
-    evidence["offered_load"] = {"signal": "requests arriving per second", "unit": "1/s",
-                                "baseline": base, "recent": now,
-                                "rise_s": max(queued, attributable - others, 0.0)}
+    queued = sum(evidence.pop(c).rise_s for c in QUEUES if c in evidence)
+    others = sum(e.rise_s for e in evidence.values())
+    evidence["offered_load"] = Evidence("requests arriving per second", "1/s", baseline=base, recent=now,
+                                        rise_s=max(queued, attributable - others, 0.0))
     return evidence
 
 
@@ -252,14 +272,14 @@ STALLS = ("runqueue_wait", "blocking_syscalls")   # they stretch everything the 
 PER_REQUEST = (*STALLS, "connect", "tls_handshake", "network_rtt", "retransmits")   # the kernel's own costs
 
 
-def _discount_own_clock(evidence: dict[str, dict]) -> dict[str, dict]:
+def _discount_own_clock(evidence: dict[str, Evidence]) -> dict[str, Evidence]:
     """Tool calls timed by the caller include the caller's own stalls (a blocked event
     loop answers the tool's reply late): take the stalls' tail off them first."""
-    stall = TAIL_GAIN * sum(evidence[c]["rise_s"] for c in STALLS if c in evidence)
-    for cause, e in evidence.items():
-        if cause.startswith("tool:") and stall > 0:
-            e["rise_s"] = max(e["rise_s"] - stall, 0.0)
-    return evidence
+    stall = TAIL_GAIN * sum(evidence[c].rise_s for c in STALLS if c in evidence)
+    if stall <= 0:
+        return evidence
+    return {cause: replace(e, rise_s=max(e.rise_s - stall, 0.0)) if cause.startswith("tool:") else e
+            for cause, e in evidence.items()}
 
 
 def _moves(split: _Split, own_rise: float) -> dict[str, tuple[float, float, float]]:
@@ -381,7 +401,7 @@ class _Explainer:
         name = f"{service}{' ' + what if what else ''}"
         answered = [w for w in _ending_in(windows, self.now - self.horizon_s, math.inf)
                     if (timed(w, what.lower()) if what else w.requests)]
-        talking = [w for w in windows if any(sig == "tcp_rtt" and h.count for (sig, _), h in w.histograms.items())]
+        talking = [w for w in windows if any(sig == signals.TCP_RTT and h.count for (sig, _), h in w.histograms.items())]
         if not what and not answered and len(talking) > MIN_BASELINE_SPANS:
             return Explanation(service, f"{name}: {len(talking)} windows with TCP traffic but no request timed: its "
                                         f"protocol is none the http family times (HTTP/1), and its own metrics give "
@@ -396,7 +416,7 @@ class _Explainer:
     def _attribute(self, service: str, what: str, split: _Split, below: dict[str, Explanation]) -> Explanation:
         """Shares of what moved (request latency, or what = TTFT / TPOT) among the causes' rises."""
         evidence = _rises(split, {f"tool:{d}" for d in below})
-        moves = _moves(split, sum(evidence[c]["rise_s"] for c in PER_REQUEST if c in evidence))
+        moves = _moves(split, sum(evidence[c].rise_s for c in PER_REQUEST if c in evidence))
         moved = max(moves, key=lambda m: moves[m][0] - moves[m][1])   # further beyond its band
         growth, noise, attributable = moves[moved]
         evidence = _discount_own_clock(evidence | _downstream_rises(below, moved))
@@ -406,16 +426,15 @@ class _Explainer:
         p50_base, p99_base = split.p50, split.p99
         p99 = split.recent.p99
         excess = max(p99 - p50_base, 0.0)
-        credit = _credit(attributable, {c: e["rise_s"] for c, e in evidence.items()})
-        for c, s in credit.items():
-            evidence[c]["credited_s"] = s
+        credit = _credit(attributable, {c: e.rise_s for c, e in evidence.items()})
+        evidence = {c: replace(e, credited_s=credit[c]) if c in credit else e for c, e in evidence.items()}
         shares = {c: (s / growth if growth > 0 else 0.0) for c, s in credit.items()}
         jitter_s, jitter_shares = _jitter(split, {d: self.history[d] for d in below})
         exp = Explanation(service, "", shares=shares, excess_s=excess,
                           usual_tail_s=max(p99_base - p50_base, 0.0), moved=moved, moves=moves,
                           p50_s=split.recent.p50, p99_s=p99, jitter_s=jitter_s, jitter_shares=jitter_shares,
                           evidence=evidence, downstream=below, what=what)
-        _conclude(exp, attributable, noise, sum(e["rise_s"] for e in evidence.values()))
+        _conclude(exp, attributable, noise, sum(e.rise_s for e in evidence.values()))
         return exp
 
 
@@ -445,9 +464,9 @@ def _moved_signal(exp: Explanation, path: list[tuple[str, str, float]]) -> str:
     """' (waiting 14 → 52)': the signal that moved, for a cause that names one in a word."""
     service, cause, _ = path[-1]
     e = exp.evidence.get(cause) if service == exp.service else None
-    if not e or not e.get("short"):
+    if e is None or not e.short:
         return ""
-    return f" ({e['short']} {_rounded(e['baseline'])} → {_rounded(e['recent'])})"
+    return f" ({e.short} {_rounded(e.baseline)} → {_rounded(e.recent)})"
 
 
 def _rounded(v: float) -> str:

@@ -11,7 +11,7 @@ import math
 import operator
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, cast
 
 from slotune.collectors.exposition import (BUILT, HEADER, LABELS, NUMBER, SAMPLE_LINE, family_name, number,
                                           sample_name)
@@ -46,7 +46,7 @@ def sample_meaning(typ: str, family: str, series: str, sample_labels: dict[str, 
     return ("gauge", key, 0.0) if typ == "gauge" else None
 
 
-def _picker(indexes: list[int]) -> Callable[[list], tuple]:
+def _picker(indexes: list[int]) -> Callable[[list[str]], tuple[str, ...]]:
     """seq -> the tuple of seq's items at these indexes, in one C call."""
     if len(indexes) == 1:
         only = indexes[0]
@@ -59,9 +59,9 @@ class Shape:
     """A body in client form less its values. read() gives the wanted samples of a body
     of this shape, or None for one whose lines differ in anything but their values."""
     lines: int                                  # lines, the "" after the last newline included
-    fixed: Callable[[list], tuple]              # lines -> those that must not change: HELP, TYPE, the last ""
+    fixed: Callable[[list[str]], tuple[str, ...]]   # lines -> those that must not change: HELP, TYPE, the last ""
     fixed_text: tuple[str, ...]
-    samples: Callable[[list], tuple]            # lines -> the sample lines
+    samples: Callable[[list[str]], tuple[str, ...]]   # lines -> the sample lines
     heads: tuple[str, ...]                      # each sample line up to its value
     cuts: tuple[slice, ...]                     # and from there on: its value (and timestamp)
     read_at: tuple[tuple[int, Meaning], ...]    # (sample line, meaning) of each sample read
@@ -74,7 +74,11 @@ class Shape:
         if len(meanings) > KNOWN_LINES:
             meanings.clear()
         lines = text.split("\n")
-        fixed, samples, heads, cuts, read_at = [], [], [], [], []
+        fixed: list[int] = []
+        samples: list[int] = []
+        heads: list[str] = []
+        cuts: list[slice] = []
+        read_at: list[tuple[int, Meaning]] = []
         typ = name = family = ""
         reads = False
         for i, line in enumerate(lines):
@@ -87,6 +91,7 @@ class Shape:
                     reads = typ in BUILT and wanted(sample_name(typ, name))
                 continue
             sample = SAMPLE_LINE.match(line)
+            assert sample is not None, "client_form() accepted every sample line"
             series, label_text, cut = sample[1], sample[2] or "", sample.start(3)
             if reads:
                 key = (typ, name, series, label_text)
@@ -111,7 +116,7 @@ class Shape:
         samples = self.samples(lines)
         if not all(map(str.startswith, samples, self.heads)):
             return None
-        tails = list(map(operator.getitem, samples, self.cuts))
+        tails = cast(list[str], list(map(operator.getitem, samples, self.cuts)))    # str[slice] is str
         if not TAILS.fullmatch("\n".join(tails)):
             return None
         return [(means, number(tails[i].partition(" ")[0])) for i, means in self.read_at]

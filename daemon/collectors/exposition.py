@@ -160,7 +160,9 @@ def _plain(text: str, wanted: Callable[[str], bool]) -> list[Family]:
     """The parser's walk over the lines (a HELP or TYPE of a new name starts a family; a
     sample its family does not allow stands alone, untyped), for plain lines only."""
     out: list[Family] = []
-    name, typ, samples, seen, allowed, built = "", "untyped", [], 0, (), False
+    samples: list[Sample] = []
+    allowed: tuple[str, ...] = ()
+    name, typ, seen, built = "", "untyped", 0, False
     for line in text.split("\n"):
         line = line.strip()
         if not line:

@@ -14,9 +14,9 @@ import math
 import re
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Callable
+from typing import Callable, Iterable
 
-from slotune.collectors.client_body import Known, Shape, sample_meaning
+from slotune.collectors.client_body import Known, Meaning, Shape, sample_meaning
 from slotune.collectors.exposition import client_form, families
 from slotune.host.http_exchange import TooLarge, exchange
 from slotune.model.sample import Key, Sample
@@ -63,11 +63,11 @@ def parse(text: str, wanted: Callable[[str], bool] = lambda name: True, known: K
     the caller from one scrape to the next, for one service and one `wanted`) remembers
     the last body in the client libraries' form (client_body.py)."""
     known = Known() if known is None else known
-    read = known.shape.read(text) if known.shape is not None else None
+    read: Iterable[tuple[Meaning | None, float]] | None = known.shape.read(text) if known.shape is not None else None
     if read is None and client_form(text):
         known.shape = Shape.of(text, wanted, known.meanings)
         read = known.shape.read(text)
-    if read is None:
+    if read is None:     # not in the client libraries' form: the full parser
         read = ((sample_meaning(f.type, f.name, s.name, s.labels, wanted), s.value)
                 for f in families(text, wanted) for s in f.samples)
     buckets: dict[Key, list[tuple[float, float]]] = {}
@@ -118,7 +118,8 @@ def _histogram(key: Key, pairs: list[tuple[float, float]], total: float) -> Buck
 def parse_stub_status(text: str) -> Parsed:
     """nginx's stub_status page as counters and gauges (those larger than MAX_VALUE left
     out); ValueError when it is not one."""
-    counters, gauges = {}, {}
+    counters: dict[Key, float] = {}
+    gauges: dict[Key, float] = {}
     for pattern, names in STUB_STATUS:
         m = re.search(pattern, text)
         if m is None:
@@ -139,7 +140,8 @@ def read_exposition(text: str, exposition: str, wanted: Callable[[str], bool] = 
 
 def capped(parsed: Parsed, max_series: int) -> tuple[Parsed, int]:
     """The first series, in exposition order, up to max_series; and how many there were."""
-    kept, total = [], 0
+    kept: list[dict] = []
+    total = 0
     for table in parsed:
         kept.append({})
         for key, value in table.items():

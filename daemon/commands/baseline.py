@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
 
-from slotune.store.baselines import BaselineStore, Summary, UnknownBaseline
+from slotune.store.baselines import BaselineStore, UnknownBaseline
 from slotune.store.prometheus_history import (DEPLOY_INFO, STORE_METRICS, PrometheusError, PrometheusHistory,
                                              history_query, label_value)
 
@@ -126,7 +126,8 @@ def list_series(store: BaselineStore, args, environment) -> int:
 
 def show(store: BaselineStore, args, environment) -> int:
     store.require(args.service, environment, args.metric, args.deploy)
-    s: Summary = store.summary(args.service, args.metric, environment, args.deploy)
+    s = store.summary(args.service, args.metric, environment, args.deploy)
+    assert s is not None, "require() found its points"
     print(f"{args.service} {args.metric}  environment {environment}, deploy {args.deploy or 'all'}")
     print(f"points  {s.count} from {when(s.first_t)} to {when(s.last_t)} UTC")
     for name in ("mean", "std", "p50", "p90", "p99"):

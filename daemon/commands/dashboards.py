@@ -65,7 +65,8 @@ def token(args) -> str:
 
 def grafana_url(url: str | None) -> str:
     """The base URL with a trailing slash after a path prefix (grafana-client appends 'api')."""
-    parsed = urlparse(url or "")
+    url = url or ""
+    parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise SystemExit(f"slotune dashboards push: --url {url!r} is not a Grafana URL; "
                          "give one like http://127.0.0.1:3000 (or set $GRAFANA_URL)")

@@ -210,7 +210,7 @@ def name_them(found: list[Listener]) -> None:
     process; with its port (and network namespace) after it when another has the same."""
     bases = [re.sub(r"[^a-z0-9_-]+", "-", (s.called or s.profile or NOT_HTTP.get(s.process, s.process)).lower())
              or "svc" for s in found]
-    ports = {}
+    ports: dict[tuple[str, int], list[Listener]] = {}
     for s, base in zip(found, bases):
         ports.setdefault((base, s.port), []).append(s)
     for s, base in zip(found, bases):
@@ -288,7 +288,7 @@ def starter(picked: list[Listener], slo_ms: float = 500.0) -> str:
         if p is not None:
             out += [f"# {key} = {slo_ms:g}" for slo, key in profiles.SLO_KEYS.items() if slo != "p99" and slo in p.slos]
             out += [f"# {printable(s.process)}'s config: {printable(' '.join(hint.split()))}" for hint in s.hints]
-            out += _control(s, p) if s.admission is not None else _control_hint(s, p)
+            out += _control(s, s.admission, p) if s.admission is not None else _control_hint(s, p)
         out.append("")
     return "\n".join(out)
 
@@ -304,9 +304,10 @@ def _own_families(s: Listener, p: profiles.Profile | None) -> dict[str, str]:
     return out
 
 
-def _control(s: Listener, p: profiles.Profile) -> list[str]:
+def _control(s: Listener, a: haproxy_config.Admission, p: profiles.Profile) -> list[str]:
     """[control], the throttle and the bounds of its concurrency limit, from where its own config sets it."""
-    a, setting = s.admission, p.setting(ADMISSION)
+    setting = p.setting(ADMISSION)
+    assert setting is not None, "a profile with an own-config reader has an admission setting"
     others = [x for x in p.settings or () if x.live and x.name != ADMISSION]
     lines = [f"[services.{s.name}.control]", f"kind = {toml_string(setting.kind)}",
              f"address = {toml_string(a.socket.address)}"]
@@ -390,8 +391,8 @@ def run(args) -> int:
     _share_metrics(found)
     name_them(found)
     print(table(found))
-    for service, ports in internal.items():
-        print(f"left out: {len(ports)} loopback port(s) of {service}'s child processes, its own workers' "
+    for parent, ports in internal.items():
+        print(f"left out: {len(ports)} loopback port(s) of {parent}'s child processes, its own workers' "
               f"({', '.join(str(s.port) for s in sorted(ports, key=lambda s: s.port))}); --internal lists them")
     wanted = [n for n in args.pick.split(",") if n]
     chosen = {n: [s for s in found if n == s.name or n == str(s.port) and s.netns == own] for n in wanted}

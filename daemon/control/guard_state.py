@@ -19,7 +19,8 @@ from slotune.host.untrusted import json_value
 log = logging.getLogger(__name__)
 VERSION = 1
 STATE_MAX_BYTES = 16 << 20     # a few hundred bytes a setting: far beyond any host's services
-KINDS = {"str": str, "float": (int, float), "bool": bool}   # a field's annotation -> what the file may hold there
+# A field's annotation (a string, under `from __future__ import annotations`) -> what the file may hold there.
+KINDS: dict[str, type | tuple[type, ...]] = {"str": str, "float": (int, float), "bool": bool}
 
 
 @dataclass
@@ -40,7 +41,7 @@ class Pending:
     def from_dict(cls, d: dict) -> "Pending":
         """TypeError for a field of the wrong kind (it would fail each judgement instead)."""
         p = cls(**d)
-        wrong = [f.name for f in fields(cls) if not isinstance(getattr(p, f.name), KINDS.get(f.type, object))]
+        wrong = [f.name for f in fields(cls) if not isinstance(getattr(p, f.name), KINDS.get(str(f.type), object))]
         if wrong:
             raise TypeError(f"pending change {d!r}: {', '.join(wrong)} of the wrong kind")
         return p

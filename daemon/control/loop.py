@@ -17,6 +17,7 @@ import logging
 import math
 from concurrent import futures
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from slotune.tuners.base import Alert
 
@@ -121,10 +122,10 @@ class ControlLoop:
         return entries
 
     def _put_back_pending(self, sc: ServiceControl, now: float, why: str) -> list[Entry]:
-        entries = []
+        entries: list[Entry] = []
         for p in list(sc.guard.pending) if sc.actuator is not None else []:
             p.rollback, p.why = True, p.why or why
-            entries += self.bulkheads.run(sc.conf.name, "decide", lambda p=p: self._roll_back(sc, p, now), [])
+            entries += self.bulkheads.run(sc.conf.name, "decide", partial(self._roll_back, sc, p, now), [])
         return entries
 
     def guards(self) -> dict[str, GuardState]:
@@ -136,11 +137,11 @@ class ControlLoop:
         waits READ_WAIT_S for them: a surface slower than that (one that hangs until its
         deadline) is left reading, and its service decides in the first tick after the read
         ends, so that it never holds the others."""
-        now, entries = interval.end, []
+        now, entries = interval.end, list[Entry]()
         wanted = [sc for sc in self.services.values()
                   if sc.conf.tuners and (self._due(sc, now) or self._judging(sc, now))]
         for sc in wanted:
-            if sc.conf.name not in self.reading and self._stale(sc, now):
+            if sc.actuator is not None and sc.conf.name not in self.reading and self._stale(sc, now):
                 self.reading[sc.conf.name] = self.readers.submit(sc.actuator.current)
         futures.wait([self.reading[sc.conf.name] for sc in wanted if sc.conf.name in self.reading],
                      timeout=READ_WAIT_S)
@@ -150,18 +151,16 @@ class ControlLoop:
                 continue          # still reading: decided once the read ends
             if read is not None:
                 del self.reading[sc.conf.name]
-                in_force = self.bulkheads.run(sc.conf.name, "read",
-                                              lambda sc=sc, read=read: self._took(sc, now, read.result), False)
+                in_force = self.bulkheads.run(sc.conf.name, "read", partial(self._took, sc, now, read.result), False)
             else:          # read lately (reachable), or backed off (not): no read was due
                 in_force = sc.control_ok
             if in_force:
-                entries += self.bulkheads.run(sc.conf.name, "decide", lambda sc=sc: self._tick(sc, interval), [])
+                entries += self.bulkheads.run(sc.conf.name, "decide", partial(self._tick, sc, interval), [])
         return entries
 
     def _stale(self, sc: ServiceControl, now: float) -> bool:
         """Whether the settings in force are to be read now (not backed off, not read lately)."""
-        return (sc.actuator is not None and now >= sc.retry_at
-                and not (sc.reachable and now - sc.read_at < REFRESH_S))
+        return now >= sc.retry_at and not (sc.reachable and now - sc.read_at < REFRESH_S)
 
     def close(self) -> None:
         self.readers.shutdown(wait=False, cancel_futures=True)
@@ -175,10 +174,12 @@ class ControlLoop:
 
     def _tick(self, sc: ServiceControl, interval: Interval) -> list[Entry]:
         """The service's judgements and decisions, on the settings in force just read."""
-        now, entries, name = interval.end, [], sc.conf.name
+        now, entries, name = interval.end, list[Entry](), sc.conf.name
         due = self._due(sc, now)
         for setting in sc.conf.recommend:    # restart-only: in force is what it was started with
-            sc.settings.setdefault(setting, sc.conf.settings[setting].in_force)
+            started_with = sc.conf.settings[setting].in_force
+            assert started_with is not None, "config.load refuses a restart-only setting without in_force"
+            sc.settings.setdefault(setting, started_with)
         entries += self._judge(sc, interval)
         for tconf in due:
             since = sc.last_decision.get(tconf.name, now - tconf.interval_s)
@@ -207,6 +208,7 @@ class ControlLoop:
             return False
         if sc.reachable and not fresh and now - sc.read_at < REFRESH_S:
             return True
+        assert sc.actuator is not None, "only a service with an actuator has settings to read"
         return self._took(sc, now, sc.actuator.current)
 
     def _took(self, sc: ServiceControl, now: float, read) -> bool:
@@ -312,13 +314,15 @@ class ControlLoop:
         planned, stop, why = self._plan(sc, tconf, now, changes, reason)
         if not planned:
             return []
+        push = {e.setting: e.new for e in planned if e.new is not None}    # a plan sets every new value
         if stop is not None:
             return self._audit([replace(e, outcome=stop, detail=why) for e in planned])
         if any(e.setting in sc.conf.recommend for e in planned):   # the whole decision, never a mix
             if all(sc.recommended.get(e.setting) == e.new for e in planned):
                 return []     # said already, and nothing has changed since
             sc.recommended.update({e.setting: e.new for e in planned})
-            how = ", ".join(f"{e.setting} as {sc.conf.recommend.get(e.setting, 'is')} {plain(e.new)}" for e in planned)
+            how = ", ".join(f"{e.setting} as {sc.conf.recommend.get(e.setting, 'is')} {plain(push[e.setting])}"
+                            for e in planned)
             return self._audit([replace(e, outcome=Outcome.RECOMMENDED, detail=f"restart-only: set {how} and "
                                         "restart the service") for e in planned])
         if self.dry_run or sc.actuator is None:
@@ -329,7 +333,6 @@ class ControlLoop:
         planned = [replace(e, decision=decision) for e in planned]
         if not self._audit(planned):
             return []    # not audited, not pushed
-        push = {e.setting: e.new for e in planned}
         was = (list(sc.guard.pending), dict(sc.guard.last_change))
         for e in planned:      # owed a judgement from before the push: a kill mid-push still has it judged
             sc.guard.changed(e, now, tconf.interval_s, recent.p99, recent.offered_rps)
@@ -344,6 +347,7 @@ class ControlLoop:
         return planned
 
     def _pushing(self, sc: ServiceControl, changes: dict[str, float]) -> None:
+        assert sc.actuator is not None, "only a service with an actuator has changes to push"
         self.before_push()
         try:
             sc.actuator.push(changes)

@@ -8,6 +8,7 @@ import base64
 import html
 import io
 from pathlib import Path
+from typing import Sequence
 
 import matplotlib
 
@@ -143,7 +144,7 @@ def _shares_plot(outcomes: list[tuple[float, str]], t0: float, phases: list[tupl
 
 
 def write(path: Path, snaps: list[dict], decisions: list[dict], phases: list[tuple[float, str]],
-          summary_lines: list[str], outcomes: list[tuple[float, str]] = ()) -> Path:
+          summary_lines: list[str], outcomes: Sequence[tuple[float, str]] = ()) -> Path:
     """outcomes: (time sent, the load generator's outcome) of each query, for the shares plot."""
     if not snaps:
         raise ValueError("no status snapshots to report on: did the daemon answer /status?")

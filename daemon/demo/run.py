@@ -181,7 +181,9 @@ def run(run_dir: Path, capacity: float | None, scale: float, dry_run: bool, show
         url_driven = state["urls"]["inference"] + "/v1/completions" if llm else state["query_url"]
         print(f"==> load on {url_driven}: " + ", then ".join(f"{p.rate:.1f} req/s for {p.seconds:.0f} s"
                                                             for p in plan), flush=True)
-        results, marks, snaps = [], [], []
+        results: list[tuple[Phase, float, list]] = []
+        marks: list[tuple[float, str]] = []
+        snaps: list[dict] = []
         loader = threading.Thread(target=drive, args=(url_driven, plan, results, marks, llm), daemon=True)
         loader.start()
         last_shown = 0.0

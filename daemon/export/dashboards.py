@@ -5,6 +5,7 @@ dashboards/rules/slotune.rules.yml. `slotune dashboards install|push` use it."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 DS = {"type": "prometheus", "uid": "${datasource}"}
@@ -102,8 +103,8 @@ def targets(queries: list[tuple[str, str]], **kw) -> list[dict]:
 
 
 def timeseries(title: str, queries: list[tuple[str, str]], unit: str, description: str = "",
-               stack: bool = False, bars: bool = False, thresholds: list[tuple[float, str]] = (),
-               overrides: list[dict] = ()) -> dict:
+               stack: bool = False, bars: bool = False, thresholds: Sequence[tuple[float, str]] = (),
+               overrides: Sequence[dict] = ()) -> dict:
     custom = {"drawStyle": "bars" if bars else "line", "lineWidth": 1, "fillOpacity": 60 if stack or bars else 10,
               "showPoints": "never", "spanNulls": False,
               "stacking": {"mode": "normal" if stack else "none", "group": "A"},
@@ -118,7 +119,7 @@ def timeseries(title: str, queries: list[tuple[str, str]], unit: str, descriptio
                         "tooltip": {"mode": "multi", "sort": "desc"}}}
 
 
-def threshold_steps(steps: list[tuple[float, str]], base: str = "green") -> dict:
+def threshold_steps(steps: Sequence[tuple[float, str]], base: str = "green") -> dict:
     return {"mode": "absolute",
             "steps": [{"color": base, "value": None}] + [{"color": c, "value": v} for v, c in steps]}
 
@@ -131,7 +132,7 @@ def dashed(regex: str) -> dict:
 
 
 def stat(title: str, queries: list[tuple[str, str]], unit: str, description: str = "",
-         thresholds: list[tuple[float, str]] = (), text_mode: str = "value_and_name", base: str = "green") -> dict:
+         thresholds: Sequence[tuple[float, str]] = (), text_mode: str = "value_and_name", base: str = "green") -> dict:
     return {"type": "stat", "title": title, "description": description, "datasource": DS,
             "targets": targets(queries, instant=True),
             "fieldConfig": {"defaults": {"unit": unit, "thresholds": threshold_steps(thresholds, base),

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from slotune.store.audit import Entry
 from slotune.model.window import Window
+
+if TYPE_CHECKING:
+    from slotune.attribution.explain import Explanation
 
 QUANTILES = (0.5, 0.95, 0.99)
 
@@ -23,7 +27,7 @@ class LoopView:
     sees half of a tick: the setting in force, as read back from each control surface."""
     settings: dict[tuple[str, str], float] = field(default_factory=dict)     # (service, setting) -> value
     reachable: dict[str, bool] = field(default_factory=dict)
-    attribution: dict[str, object] = field(default_factory=dict)             # service -> Explanation
+    attribution: dict[str, Explanation] = field(default_factory=dict)
     drift: dict[tuple[str, str], tuple[float, bool]] = field(default_factory=dict)
     rollbacks_owed: set[tuple[str, str]] = field(default_factory=set)        # (service, setting)
     audit_failures: int = 0
@@ -36,17 +40,18 @@ class LoopMetrics:
     def __init__(self):
         self._lock = threading.Lock()
         self.latest: dict[str, Window] = {}
-        self.requests: Counter = Counter()
-        self.errors: Counter = Counter()
-        self.slo_misses: Counter = Counter()
-        self.ttft_misses: Counter = Counter()
-        self.tpot_misses: Counter = Counter()
-        self.decisions: Counter = Counter()
+        self.requests: Counter[str] = Counter()
+        # A service's own error counter, and requests times a share: fractional counts.
+        self.errors: dict[str, float] = defaultdict(float)
+        self.slo_misses: dict[str, float] = defaultdict(float)
+        self.ttft_misses: dict[str, float] = defaultdict(float)
+        self.tpot_misses: dict[str, float] = defaultdict(float)
+        self.decisions: Counter[tuple[str, str, str, str]] = Counter()
         self.view = LoopView()
         self.tick_s, self.late_ticks = 0.0, 0    # the last tick's length; ticks longer than the interval
 
     @property
-    def attribution(self) -> dict[str, object]:
+    def attribution(self) -> dict[str, Explanation]:
         return self.view.attribution
 
     def observe(self, windows: list[Window], entries: list[Entry], view: LoopView) -> None:
@@ -73,7 +78,7 @@ class LoopMetrics:
         with self._lock:
             tick_s, late = self.tick_s, self.late_ticks
             latest, view = dict(self.latest), self.view
-            counters = [Counter(c) for c in (self.requests, self.errors, self.slo_misses,
+            counters = [dict(c) for c in (self.requests, self.errors, self.slo_misses,
                                              self.ttft_misses, self.tpot_misses)]
             decisions = Counter(self.decisions)
         yield from _families(latest, counters, decisions, view)
@@ -128,20 +133,21 @@ def _families(latest, counters, decisions, view: LoopView):
         for name, v in counter.items():
             fam.add_metric([name], v)
         yield fam
-    fam = GaugeMetricFamily("slotune_setting_value", "Current value of a tuned setting", labels=["service", "setting"])
+    setting_value = GaugeMetricFamily("slotune_setting_value", "Current value of a tuned setting",
+                                      labels=["service", "setting"])
     for (svc, setting), v in view.settings.items():
-        fam.add_metric([svc, setting], v)
-    yield fam
+        setting_value.add_metric([svc, setting], v)
+    yield setting_value
     fam = CounterMetricFamily("slotune_tuner_decisions", "Decisions by outcome",
                               labels=["service", "tuner", "setting", "outcome"])
     for labels, n in decisions.items():
         fam.add_metric(list(labels), n)
     yield fam
-    fam = GaugeMetricFamily("slotune_control_reachable", "1 when the service's control surface answers",
-                            labels=["service"])
+    reachable = GaugeMetricFamily("slotune_control_reachable", "1 when the service's control surface answers",
+                                  labels=["service"])
     for svc, ok in view.reachable.items():
-        fam.add_metric([svc], 1.0 if ok else 0.0)
-    yield fam
+        reachable.add_metric([svc], 1.0 if ok else 0.0)
+    yield reachable
     yield from _attribution(view.attribution)
     share = GaugeMetricFamily("slotune_drift_deviation_ratio", "Relative change against the baseline",
                               labels=["service", "metric"])

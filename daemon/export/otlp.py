@@ -60,7 +60,7 @@ def decision_record(entry: Entry, resource, scope):
     """One audit entry as an OTel log record: the audit line as body, its fields as attributes."""
     from opentelemetry._logs import LogRecord, SeverityNumber
     from opentelemetry.sdk._logs import ReadableLogRecord
-    attributes = {"slotune.service": entry.service, "slotune.tuner": entry.tuner, "slotune.setting": entry.setting,
+    attributes: dict[str, str | float] = {"slotune.service": entry.service, "slotune.tuner": entry.tuner, "slotune.setting": entry.setting,
                   "slotune.outcome": entry.outcome.label, "slotune.reason": entry.reason,
                   "slotune.decision": entry.decision, "slotune.detail": entry.detail}
     attributes |= {f"slotune.{k}": float(v) for k, v in (("old", entry.old), ("new", entry.new)) if v is not None}
@@ -86,7 +86,7 @@ def _metric(fam, start_ns: int, now_ns: int):
     if fam.type in ("gauge", "info", "unknown"):
         points = [NumberDataPoint(s.labels, 0, now_ns, float(s.value)) for s in fam.samples
                   if s.name in (fam.name, fam.name + "_info") and math.isfinite(s.value)]
-        data = Gauge(points)
+        data: Gauge | Sum | Histogram = Gauge(points)
     elif fam.type == "counter":
         points = [NumberDataPoint(s.labels, start_ns, now_ns, float(s.value)) for s in fam.samples
                   if s.name == fam.name + "_total"]
@@ -115,8 +115,9 @@ def _histogram_points(fam, start_ns: int, now_ns: int) -> list:
         bounds = sorted(le for le in h["buckets"] if math.isfinite(le))
         cumulative = [h["buckets"][le] for le in bounds] + [h["count"]]
         counts = [int(c - p) for c, p in zip(cumulative, [0.0] + cumulative[:-1])]
+        # min and max are not in cumulative buckets: None leaves them out of the protobuf.
         points.append(HistogramDataPoint(dict(labels), start_ns, now_ns, h["count"], h["sum"], counts, bounds,
-                                         None, None))
+                                         None, None))      # type: ignore[arg-type]
     return points
 
 
@@ -130,7 +131,7 @@ class OtlpExport:
         base = endpoint.rstrip("/")
         self.registry, self.interval_s = registry, metrics_interval_s
         self.resource = Resource.create(resource_attributes(environment))
-        self.scope = InstrumentationScope(SCOPE, self.resource.attributes.get("service.version"))
+        self.scope = InstrumentationScope(SCOPE, str(self.resource.attributes["service.version"]))
         self.started_ns, self.last_metrics = time.time_ns(), -math.inf
         self.log_exporter = OTLPLogExporter(endpoint=f"{base}/v1/logs", timeout=TIMEOUT_S)
         self.metric_exporter = OTLPMetricExporter(endpoint=f"{base}/v1/metrics", timeout=TIMEOUT_S)
@@ -145,7 +146,7 @@ class OtlpExport:
 
     def tick(self, now: float) -> None:
         """Queue a metrics snapshot when its interval has passed; it is read on the sink's thread."""
-        if self.metrics and now - self.last_metrics >= self.interval_s:
+        if self.metrics and self.interval_s and now - self.last_metrics >= self.interval_s:
             self.last_metrics = now
             self.metrics.offer([now])
 

@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
-from typing import Callable
+from typing import Callable, cast
 
 import psutil
 from prometheus_client import CollectorRegistry
@@ -64,7 +64,7 @@ class MetricsServer:
                     return
                 if key.fileobj is self.listener:
                     self._accept()
-                elif client := self.clients.get(key.fileobj):     # not dropped earlier in this round
+                elif client := self.clients.get(cast(socket.socket, key.fileobj)):   # not dropped this round
                     self._serve_client(client, events)
             now = time.monotonic()
             self._expire(now)
@@ -119,7 +119,7 @@ class MetricsServer:
 
     def _answer(self, head: bytes) -> bytes:
         try:
-            return self.answering(head, ("", 0), self).wfile.getvalue()
+            return self.answering.answer(head)
         except Exception:
             log.exception("exporter: answering %r failed", head.split(b"\r\n", 1)[0][:100])
             return FAILED
@@ -164,10 +164,16 @@ class _Client:
 
 class _Answer(BaseHTTPRequestHandler):
     """http.server's parsing and answering of one request already read whole
-    (the request argument is its bytes); the answer is left in self.wfile."""
+    (the request argument is its bytes); the answer is left in self.out."""
+
+    @classmethod
+    def answer(cls, head: bytes) -> bytes:
+        # http.server hands the request object to setup() only, which reads it as bytes here.
+        return cls(head, ("", 0), None).out.getvalue()      # type: ignore[arg-type]
 
     def setup(self):
-        self.rfile, self.wfile = io.BytesIO(self.request), io.BytesIO()
+        self.out = io.BytesIO()
+        self.rfile, self.wfile = io.BytesIO(self.request), self.out
 
     def finish(self):
         pass

@@ -29,7 +29,7 @@ class ExportCounters:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self.counts = {"sent": Counter(), "dropped": Counter(), "failed": Counter()}
+        self.counts: dict[str, Counter[str]] = {"sent": Counter(), "dropped": Counter(), "failed": Counter()}
 
     def add(self, what: str, sink: str, n: int) -> None:
         with self._lock:
@@ -140,7 +140,8 @@ def start(cfg, registry) -> Sinks:
     from slotune.export import annotations, otlp    # they build on Outbox, above
     counters = ExportCounters()
     registry.register(counters)
-    out, conf = [], cfg.export
+    out: list[annotations.GrafanaAnnotations | otlp.OtlpExport] = []
+    conf = cfg.export
     if conf.grafana_url:
         out.append(annotations.GrafanaAnnotations(conf.grafana_url, conf.grafana_token_file,
                                                   conf.grafana_dashboard_uid, counters))

@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, TypeVar
+from typing import Callable, TypeVar, overload
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -43,6 +43,11 @@ class Bulkheads:
         self.budgets, self.clock = dict(BUDGET_S if budgets is None else budgets), clock
         self._health: dict[tuple[str, str], _Health] = {}
         self._lock = threading.Lock()
+
+    @overload
+    def run(self, service: str, stage: str, fn: Callable[[], T], default: T) -> T: ...
+    @overload
+    def run(self, service: str, stage: str, fn: Callable[[], T], default: None = None) -> T | None: ...
 
     def run(self, service: str, stage: str, fn: Callable[[], T], default: T | None = None) -> T | None:
         """fn() for service's stage; default when it raises, or while the stage is backed off."""

@@ -15,13 +15,14 @@ from slotune.model import labels
 from slotune.model.histogram import BucketHistogram, Histogram, add_into, merged
 from slotune.model.sample import Key, Sample
 from slotune.model.service import ServiceSpec
+from slotune.model import signals
 
-EBPF_LATENCY: Key = ("http_request", "")
-EBPF_TTFT: Key = ("http_first_byte", "")     # request to the response's first byte: TTFT when it streams
-EBPF_TPOT: Key = ("http_write_gap", "")      # between the writes of one response: the inter-token gap
-EBPF_ERRORS: Key = ("http_status", "5xx")     # server errors, read from the responses' status lines
-EBPF_ARRIVED: Key = ("http_arrived", "")      # requests read as they came, answered or not yet
-EBPF_REFUSED = "http_refused"                 # the 429 and 503 answers, timed apart (also in EBPF_LATENCY)
+EBPF_LATENCY: Key = (signals.HTTP_REQUEST, "")
+EBPF_TTFT: Key = (signals.HTTP_FIRST_BYTE, "")     # request to the response's first byte: TTFT when it streams
+EBPF_TPOT: Key = (signals.HTTP_WRITE_GAP, "")      # between the writes of one response: the inter-token gap
+EBPF_ERRORS: Key = (signals.HTTP_STATUS, "5xx")     # server errors, read from the responses' status lines
+EBPF_ARRIVED: Key = (signals.HTTP_ARRIVED, "")      # requests read as they came, answered or not yet
+EBPF_REFUSED = signals.HTTP_REFUSED                 # the 429 and 503 answers, timed apart (also in EBPF_LATENCY)
 EBPF_REFUSED_5XX: Key = (EBPF_REFUSED, "503")  # the refusals among the 5xx
 ERROR_OUTCOMES = ("error",)
 REJECTED_OUTCOMES = ("rejected",)

@@ -55,7 +55,7 @@ def test_a_burst_past_the_running_batch_is_explained_by_waiting_sequences(tmp_pa
     loader.join(timeout=40)
     collector.close()
     print(ttft.verdict)
-    queue = ttft.evidence.get("queue", {})
     assert ttft.top_cause == "queue", (ttft.verdict, ttft.evidence)
-    assert queue["recent"] > queue["baseline"] + MAX_NUM_SEQS, queue     # the waiting line grew
+    queue = ttft.evidence["queue"]
+    assert queue.recent > queue.baseline + MAX_NUM_SEQS, queue     # the waiting line grew
     assert ttft.growth_s > 0 and "queue (waiting" in ttft.verdict

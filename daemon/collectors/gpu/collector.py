@@ -256,6 +256,7 @@ class NvmlCollector:
             if not mine:
                 continue
             memory = sum(gpu.processes[pid].memory_bytes or 0 for pid in mine)
+            utilization: float | None
             if gpu.per_process_utilization:
                 utilization = min(1.0, sum(gpu.processes[pid].utilization_ratio or 0.0 for pid in mine))
             else:  # the GPU's own utilisation stands in for the service's

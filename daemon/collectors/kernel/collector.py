@@ -91,7 +91,7 @@ class KernelCollector:
         self.program.attach_tracepoints()
         say_at_start()
         self.refresh()
-        self.last = self._read()
+        self.last = self._read(self.program)
         self.arrivals = self._try("exec watch start", None, Arrivals, self.program, self.adopt)
 
     def update_services(self, services: list[ServiceSpec]) -> None:
@@ -116,11 +116,14 @@ class KernelCollector:
             self.scanned_at = time.monotonic()
 
     def _refresh(self) -> None:
-        self.targets = self.targeting.scan()
+        program, targeting = self.program, self.targeting
+        if program is None or targeting is None:
+            return      # not started, or closed
+        self.targets = targeting.scan()
         wanted = {tid: self.service_ids[name] for name, procs in self.targets.items()
                   for tid in procs.tids}
         active = {self.service_ids[name] for name in self.targets}
-        watched = self.program.table("watched")
+        watched = program.table("watched")
         present = dict(items(watched))
         for tid, sid in wanted.items():
             if present.get(tid) != sid:
@@ -138,9 +141,9 @@ class KernelCollector:
                     pass
             else:
                 kept.add(tid)
-        self._update_hints(kept)
-        for family in self.program.families:
-            self._try(f"{family.name} refresh", None, family.refresh, self.program, self.targets, self.service_ids)
+        self._update_hints(program, kept)
+        for family in program.families:
+            self._try(f"{family.name} refresh", None, family.refresh, program, self.targets, self.service_ids)
 
     def adopt(self, pid: int) -> None:
         """A program an unwatched task just exec'd: if it is a service's, watch its
@@ -148,17 +151,17 @@ class KernelCollector:
         cgroup, user): a port finder waits for the rescan. Matching here shares
         the rescan's time budget, so exec'ing command lines cannot hog the daemon."""
         with self.lock:
-            if (self.program is None or pid == self.targeting.own_pid
-                    or self.adopt_spent > self.targeting.scan_budget_s):
+            program, targeting = self.program, self.targeting
+            if (program is None or targeting is None or pid == targeting.own_pid
+                    or self.adopt_spent > targeting.scan_budget_s):
                 return
             t0 = time.perf_counter()
-            names = [s.name for s in self.targeting.services
-                     if s.port is None and self.targeting.matches(pid, s, {})]
+            names = [s.name for s in targeting.services if s.port is None and targeting.matches(pid, s, {})]
             self.adopt_spent += time.perf_counter() - t0
             if not names:
                 return
             sid = self.service_ids[names[-1]]     # as in the rescan: the last service listed wins
-            watched, hint = self.program.table("watched"), self.program.table("watched_hint")
+            watched, hint = program.table("watched"), program.table("watched_hint")
             seen: set[int] = set()
             for _ in range(3):   # threads started meanwhile by one not yet watched (Go starts several at once)
                 tids = threads(pid) - seen
@@ -174,10 +177,10 @@ class KernelCollector:
                         self.hinted.add(tid % HINT_SLOTS)
                 seen |= tids
 
-    def _update_hints(self, tids: set[int]) -> None:
+    def _update_hints(self, program: Program, tids: set[int]) -> None:
         """Set the watched_hint slots of these tids, clear the ones no longer needed
         (slots of tasks forked and gone between two scans stay set: harmless)."""
-        hint = self.program.table("watched_hint")
+        hint = program.table("watched_hint")
         slots = {tid % HINT_SLOTS for tid in tids}
         for slot in slots - self.hinted:
             hint[ctypes.c_int(slot)] = U32(1)
@@ -186,23 +189,24 @@ class KernelCollector:
         self.hinted = slots
 
     def collect(self, start: float, end: float) -> list[Sample]:
-        if self.program is None:
+        program = self.program
+        if program is None:
             return []
-        now = self._read()
+        now = self._read(program)
         samples = self._try("samples", [], self.samples, start, end, self.last, now)
         self.last = now
-        self._try("map_full read", None, lambda: self.map_full.kernel(self.program.map_full()))
-        self._try("evictions read", None, lambda: self.map_full.evicted(self.evictions.read(self.program)))
+        self._try("map_full read", None, lambda: self.map_full.kernel(program.map_full()))
+        self._try("evictions read", None, lambda: self.map_full.evicted(self.evictions.read(program)))
         if self.arrivals is None or time.monotonic() - self.scanned_at >= self.rescan_s:
             self._try("refresh", None, self.refresh)
         return samples
 
-    def _read(self) -> tuple[dict, dict, dict]:
+    def _read(self, program: Program) -> tuple[dict, dict, dict]:
         """Cumulative (hists, sums, counts); hists and sums are read as a pair (a
         histogram needs both), a part that cannot be read keeps its last value."""
         hists, sums, counts = self.last
-        hists, sums = self._try("histograms read", (hists, sums), self.program.histograms)
-        counts = self._try("counters read", counts, self.program.counters, self.service_ids.values())
+        hists, sums = self._try("histograms read", (hists, sums), program.histograms)
+        counts = self._try("counters read", counts, program.counters, self.service_ids.values())
         return hists, sums, counts
 
     def _try(self, kind: str, fallback, fn, *args):

@@ -9,6 +9,8 @@ from typing import NamedTuple
 
 from slotune.collectors.kernel.helpers import Helper
 
+Points = tuple[tuple[str, str], ...]    # (tracepoint, the program's function on it)
+
 
 class Map(NamedTuple):
     """One of a family's BPF maps, sized by daemon.bpf_map_entries.<name> (MAX_<NAME> in C)."""
@@ -50,8 +52,8 @@ class Family:
     name = ""                                         # in daemon.probes and `slotune probes --family`
     source = ""                                       # bpf/<source>.bpf.c
     signals: tuple[Signal, ...] = ()
-    tracepoints: tuple[tuple[str, str], ...] = ()     # (tracepoint, fn)
-    raw_tracepoints: tuple[tuple[str, str], ...] = () # (tracepoint, fn) attached raw: no trace record
+    tracepoints: Points = ()                          # (tracepoint, fn)
+    raw_tracepoints: Points = ()                      # (tracepoint, fn) attached raw: no trace record
     defines: dict[str, int] = {}                      # label ids and the like, as C #defines
     helpers: tuple[Helper, ...] = ()                  # BPF helpers it calls that Linux 5.11 lacks
     # Counters kept in per-CPU arrays (no hash, no atomic on the hot path): array name ->

@@ -86,7 +86,7 @@ def _from_items(table) -> tuple[np.ndarray, np.ndarray]:
 def _fields(value):
     """A ctypes struct as the tuple numpy takes for its structured dtype; a number as itself."""
     if isinstance(value, ctypes.Structure):
-        return tuple(getattr(value, f) for f, _ in value._fields_)
+        return tuple(getattr(value, f[0]) for f in value._fields_)
     return _plain(value)
 
 

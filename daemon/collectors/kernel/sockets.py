@@ -16,12 +16,13 @@ import os
 import platform
 
 from slotune.collectors.kernel.btf import BtfError, offsets
+from slotune.collectors.kernel.family import Points
 from slotune.collectors.kernel.helpers import release
 
 log = logging.getLogger(__name__)
 
 PROTOCOL = ("sock", "sk_protocol")
-POINTS = (("sock:sock_recv_length", "on_sock_recv"),
+POINTS: Points = (("sock:sock_recv_length", "on_sock_recv"),
           ("sock:sock_send_length", "on_sock_send"),
           ("tcp:tcp_destroy_sock", "on_sock_destroy"))
 SYSCALL_POINTS = tuple((f"syscalls:sys_exit_{call}", f"on_{call}_exit")

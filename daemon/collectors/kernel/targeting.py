@@ -187,7 +187,7 @@ def own_listening_table() -> dict[int, int]:
     host has thousands (TIME_WAIT), read every interval. Falls back to /proc/net."""
     import socket
     import struct
-    out = {}
+    out: dict[int, int] = {}
     try:
         with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, SOCK_DIAG) as nl:
             for family in (socket.AF_INET, socket.AF_INET6):
@@ -240,7 +240,7 @@ def listening_sockets(tables: dict) -> frozenset[int]:
 
 def socket_inodes(pid: int) -> set[int]:
     """Inodes of the sockets the process holds open (its fds that read socket:[N])."""
-    out = set()
+    out: set[int] = set()
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
@@ -310,14 +310,18 @@ class Targeting:
         self.own_pid = os.getpid()
         self.scan_budget_s = scan_budget_s
         self.over_budget: set[str] = set()      # services already named in a budget warning
-        self.services: list[ServiceSpec] | None = None
-        self.update_services(services)
+        self._take(services)
 
     def update_services(self, services: list[ServiceSpec]) -> bool:
         """Take a new list of services; False for the same list (a reload that changed
         something else), which keeps what the scans learned: a SIGHUP costs no rescan."""
         if list(services) == self.services:
             return False
+        self._take(services)
+        return True
+
+    def _take(self, services: list[ServiceSpec]) -> None:
+        """The services, checked (TargetingError), and nothing learned of the processes yet."""
         names = [s.name for s in services]
         dupes = {n for n in names if names.count(n) > 1}
         if dupes:
@@ -336,7 +340,6 @@ class Targeting:
         self.unheld: set[int] = set()             # listening sockets in our netns no process holds
         self.walked_at: float | None = None       # when every process's fds were last walked (clock ticks)
         self.other_netns: dict[int, int] = {}               # netns -> one service pid in it, not our own
-        return True
 
     def matches(self, pid: int, spec: ServiceSpec, listeners: dict[int, set[int]], held=None) -> bool:
         """The command line, which another user may have written, is read last: only
@@ -444,12 +447,12 @@ class Targeting:
                 continue
             cached = self.seen.get(pid)
             known = cached is not None and cached[0] == ident
-            if known and not (relisten and listeners):
+            if cached is not None and known and not (relisten and listeners):
                 names = cached[1]
             elif sum(spent.values()) > self.scan_budget_s:
                 # Out of time: known processes keep their services, new ones stay out of
                 # `seen` so that a later scan matches them.
-                if not known:
+                if cached is None or not known:
                     waiting += 1
                     continue
                 names = cached[1]
@@ -481,7 +484,7 @@ class Targeting:
 
     def _warn_over_budget(self, spent: dict[str, float], waiting: int) -> None:
         """Name the service whose matching took longest, once."""
-        name = max(spent, key=spent.get)
+        name = max(spent, key=spent.__getitem__)
         if name in self.over_budget:
             return
         self.over_budget.add(name)

@@ -9,6 +9,7 @@ from slotune.collectors.kernel import sockets
 from slotune.collectors.kernel.family import Family, Map, Signal
 from slotune.collectors.kernel.helpers import PT_REGS
 from slotune.collectors.kernel.maps import set_entries
+from slotune.model.signals import HTTP_ARRIVED, HTTP_FIRST_BYTE, HTTP_REFUSED, HTTP_REQUEST, HTTP_STATUS, HTTP_WRITE_GAP
 
 STATUS_CLASSES = {n: f"{n}xx" for n in range(2, 6)}   # label id: the status code's first digit
 # The statuses that mean "not served, come back later" (label id: the code itself):
@@ -32,21 +33,21 @@ def path_hash(path: str) -> int:
 
 class Http(Family):
     name = source = "http"
-    signals = (Signal("http_request", "slotune_http_request_duration_seconds", None, "histogram",
+    signals = (Signal(HTTP_REQUEST, "slotune_http_request_duration_seconds", None, "histogram",
                       "HTTP/1.x request latency seen from the kernel: the request's first read to the last "
                       "write of its response (all of a streamed one)"),
-               Signal("http_first_byte", "slotune_http_first_byte_seconds", None, "histogram",
+               Signal(HTTP_FIRST_BYTE, "slotune_http_first_byte_seconds", None, "histogram",
                       "HTTP/1.x request's first read to the first write of response body bytes "
                       "(a streaming LLM server's time to first token)"),
-               Signal("http_write_gap", "slotune_http_write_gap_seconds", None, "histogram",
+               Signal(HTTP_WRITE_GAP, "slotune_http_write_gap_seconds", None, "histogram",
                       "Time between two body writes of one HTTP/1.x response (chunks, SSE events: "
                       "a token stream's inter-token gap)"),
-               Signal("http_status", "slotune_http_responses_total", "status", "counter",
+               Signal(HTTP_STATUS, "slotune_http_responses_total", "status", "counter",
                       "HTTP/1.x responses by status class (2xx..5xx), read from their status line"),
-               Signal("http_refused", "slotune_http_refused_duration_seconds", "status", "histogram",
+               Signal(HTTP_REFUSED, "slotune_http_refused_duration_seconds", "status", "histogram",
                       "HTTP/1.x responses that refused the request (429, 503), timed as http_request: "
                       "they are also in it"),
-               Signal("http_arrived", "slotune_http_requests_arrived_total", None, "counter",
+               Signal(HTTP_ARRIVED, "slotune_http_requests_arrived_total", None, "counter",
                       "HTTP/1.x requests read by the service, counted as they arrive (answered or not yet): "
                       "the load offered to it"))
     raw_tracepoints = sockets.POINTS   # shared with the tls family (hooks.py)
@@ -56,7 +57,7 @@ class Http(Family):
     helpers = PT_REGS                  # where a read's or a write's bytes are: the syscall's registers
     defines = {"HTTP_SERVICE_IDS": SERVICE_IDS, "HTTP_CLASS_SLOTS": CLASS_SLOTS,
                "HTTP_UNTIMED_PATHS": UNTIMED_PATHS, **REFUSED}
-    service_arrays = {"http_arrived": ("http_arrived", 1), "http_statuses": ("http_status", CLASS_SLOTS)}
+    service_arrays = {"http_arrived": (HTTP_ARRIVED, 1), "http_statuses": (HTTP_STATUS, CLASS_SLOTS)}
     maps = {"http_conns": Map(65536, True, "an evicted connection's last response, answered but not yet over, "
                                            "is not timed (requests still waiting for their answer are kept in "
                                            "http_in_flight and brought back)"),
@@ -83,6 +84,6 @@ class Http(Family):
         self.flagged = having
 
     def label(self, signal: str, label_id: int) -> str:
-        if signal == "http_refused":
+        if signal == HTTP_REFUSED:
             return str(label_id)
-        return STATUS_CLASSES.get(label_id, "") if signal == "http_status" else ""
+        return STATUS_CLASSES.get(label_id, "") if signal == HTTP_STATUS else ""

@@ -9,8 +9,9 @@ import ctypes
 import logging
 
 from slotune.collectors.kernel.btf import BtfError, offsets
-from slotune.collectors.kernel.family import Family, Map, Signal
+from slotune.collectors.kernel.family import Family, Map, Points, Signal
 from slotune.collectors.kernel.maps import U16, U32, set_entries
+from slotune.model.signals import TCP_CONNECT, TCP_RETRANSMITS, TCP_RTT
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +63,12 @@ def rtt_layout() -> dict[str, int]:
 
 class Tcp(Family):
     name = source = "tcp"
-    signals = (Signal("tcp_rtt", "slotune_tcp_rtt_seconds", "peer", "histogram",
+    signals = (Signal(TCP_RTT, "slotune_tcp_rtt_seconds", "peer", "histogram",
                       "Smoothed TCP round-trip time of the service's connections, "
                       "sampled at most every 10 ms per connection"),
-               Signal("tcp_connect", "slotune_tcp_connect_seconds", "peer", "histogram",
+               Signal(TCP_CONNECT, "slotune_tcp_connect_seconds", "peer", "histogram",
                       "TCP connect time (SYN_SENT to ESTABLISHED) of the service's outgoing connections"),
-               Signal("tcp_retransmits", "slotune_tcp_retransmits_total", "peer", "counter",
+               Signal(TCP_RETRANSMITS, "slotune_tcp_retransmits_total", "peer", "counter",
                       "TCP segments the service's connections retransmitted"),
                Signal("tcp_opened", "slotune_tcp_connections_opened_total", "peer", "counter",
                       "TCP connections the service established (outgoing and accepted)"),
@@ -76,7 +77,7 @@ class Tcp(Family):
     tracepoints = (("tcp:tcp_retransmit_skb", "on_tcp_retransmit"),
                    ("tcp:tcp_retransmit_synack", "on_tcp_retransmit_synack"),
                    ("sock:inet_sock_set_state", "on_tcp_state"))
-    raw_tracepoints = (("tcp:tcp_probe", "on_tcp_probe"),)   # every received segment: no record built
+    raw_tracepoints: Points = (("tcp:tcp_probe", "on_tcp_probe"),)   # every received segment: no record built
     maps = {"tcp_socks": Map(65536, True, "an evicted outgoing connection's later RTT, retransmits and close "
                                           "are no longer its service's (an accepted one is found again by its "
                                           "listening port)")}

@@ -12,6 +12,7 @@ import os
 from slotune.collectors.kernel import sockets
 from slotune.collectors.kernel.family import Attachment, Family, Map, Signal
 from slotune.collectors.kernel.helpers import PT_REGS
+from slotune.model.signals import TLS_HANDSHAKE
 
 DIRECTIONS = ("read", "write")           # TLS_READ = 0, TLS_WRITE = 1
 ENTRY = {"SSL_read": "on_ssl_read", "SSL_write": "on_ssl_write",
@@ -37,7 +38,7 @@ def libssl_paths(pid: int) -> set[str]:
 
 class Tls(Family):
     name = source = "tls"
-    signals = (Signal("tls_handshake", "slotune_tls_handshake_seconds", None, "histogram",
+    signals = (Signal(TLS_HANDSHAKE, "slotune_tls_handshake_seconds", None, "histogram",
                       "TLS handshake latency, ClientHello to the first application data, from the records "
                       "on the service's sockets"),
                Signal("tls_bytes", "slotune_tls_bytes_total", "direction", "counter",
@@ -65,7 +66,7 @@ class Tls(Family):
                                           for kind in ("uprobe", "uretprobe")]
 
     def label(self, signal: str, label_id: int) -> str:
-        if signal == "tls_handshake":
+        if signal == TLS_HANDSHAKE:
             return ""
         return DIRECTIONS[label_id] if label_id < len(DIRECTIONS) else "read"
 
