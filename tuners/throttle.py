@@ -191,6 +191,7 @@ class SlotuneState:
     cut_p99: float = 0.0               # P99 of the window that began the current run of cuts; 0 once in budget
     cuts: int = 0                      # cuts in that run, none of which lowered P99 below cut_p99
     cut_to: float = 0.0                # the limit the last cut set
+    just_cut: bool = False             # the last decision cut: its window still held the queue from before
 
 
 def _slotune_init(settings):
@@ -209,7 +210,8 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
     budget = max(P99_AIM * obs.slo_s - service_tail, 0.25 * service_tail)  # queue wait the SLO allows
     slack = 0.1 * budget
     if state.cuts and abs(state.limit - state.cut_to) > max(1.0, 0.1 * state.cut_to):
-        state = replace(state, cut_p99=0.0, cuts=0)   # that cut is not in force (rolled back, held): it proved nothing
+        # that cut is not in force (rolled back, held): it proved nothing
+        state = replace(state, cut_p99=0.0, cuts=0, just_cut=False)
     run = (state.cut_p99, state.cuts, state.cut_to)   # a hold keeps the run of cuts as it is
     over = f"queue P99 {queue * 1e3:.0f} ms over its {budget * 1e3:.0f} ms budget"
     if queue > budget and obs.in_flight < 0.5 * state.limit:
@@ -219,6 +221,11 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
         # Degrade first, refuse only when degrading everything is not enough: the dimmer
         # answers the same windows and reaches 1 within a few of them when it cannot hold P99.
         new, why = state.limit, f"{over}: the dimmer can still degrade, it goes first"
+    elif queue > budget and state.just_cut:
+        # The window after a cut is mostly answers admitted before it, which waited behind the
+        # old limit: its queue says nothing of the new one. A second cut on it halves a limit
+        # that already holds (TCP cuts its window once a round trip, for the same reason).
+        new, why = state.limit, f"{over}, but the cut to {state.limit:.0f} shows from the next window: held one"
     elif queue > budget and state.cuts >= MISREAD_CUTS and obs.p99_s >= state.cut_p99:
         # A slower host (others' CPU, a slow dependency) reads as queueing too; cuts that did
         # not lower P99 show it was not: hold until P99 falls, not cut down to a few in flight.
@@ -235,7 +242,7 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
         new, why = _loosen(state, obs, queue, budget, slack)
     new = clamp(new, *LIMIT_BOUNDS)
     cut_p99, cuts, cut_to = run
-    return (replace(state, limit=new, cut_p99=cut_p99, cuts=cuts, cut_to=cut_to),
+    return (replace(state, limit=new, cut_p99=cut_p99, cuts=cuts, cut_to=cut_to, just_cut=new < state.limit),
             Decision(changed(state.limit, new, "concurrency_limit"), why))
 
 

@@ -97,8 +97,8 @@ def test_slotune_holds_once_two_cuts_left_p99_where_it_was_and_when_the_limit_is
     sl = P["slotune"]
     s = sl.initial_state({"concurrency_limit": 40})
     slow = dict(p99=0.4, queue_p99=0.2)            # over the 50 ms budget: x0.5
-    s, d = sl.decide(s, obs(**slow, in_flight=40))
-    s, d = sl.decide(s, obs(**slow, in_flight=20))
+    for in_flight in (40, 20, 20, 10):             # cut, the window after it held, cut, held
+        s, d = sl.decide(s, obs(**slow, in_flight=in_flight))
     assert s.limit == 10.0 and s.cuts == 2
     s, d = sl.decide(s, obs(**slow, in_flight=10))
     assert d.changes == {} and "did not lower P99" in d.reason
@@ -111,6 +111,22 @@ def test_slotune_holds_once_two_cuts_left_p99_where_it_was_and_when_the_limit_is
     s = sl.initial_state({"concurrency_limit": 40})
     _, d = sl.decide(s, obs(**slow, in_flight=12))   # 12 in flight under a limit of 40
     assert d.changes == {} and "under half the limit" in d.reason
+
+
+def test_slotune_judges_a_cut_on_the_window_after_the_one_it_held():
+    """The window after a cut holds the answers admitted before it, which waited behind the
+    old limit: one cut, one window held, then the queue under the new limit decides."""
+    sl = P["slotune"]
+    s = sl.initial_state({"concurrency_limit": 40})
+    over = obs(p99=0.4, queue_p99=0.2, in_flight=40)
+    s, d = sl.decide(s, over)
+    assert d.changes == {"concurrency_limit": 20.0}
+    s, d = sl.decide(s, over)                                       # the same queue, a window later
+    assert d.changes == {} and "held one" in d.reason and s.limit == 20.0
+    s, d = sl.decide(s, over)                                       # still over: cut again
+    assert d.changes == {"concurrency_limit": 10.0}
+    s, d = sl.decide(sl.resync(s, {"concurrency_limit": 20}), over)   # that cut did not land: no hold
+    assert d.changes == {"concurrency_limit": 10.0}
 
 
 def test_slotune_lets_a_dimmer_with_room_go_first_while_p99_is_within_the_slo():
