@@ -17,7 +17,7 @@ def packages() -> list[str]:
     for name, folder in FOLDERS.items():
         for init in sorted((here / folder).rglob("__init__.py")):
             parts = init.parent.relative_to(here / folder).parts
-            if parts[:1] != CHECKOUT_ONLY and "__pycache__" not in parts:
+            if parts[:1] != CHECKOUT_ONLY:
                 found.append(".".join((name, *parts)))
     return found
 

@@ -1,5 +1,6 @@
 """Shared test fixtures: the repo root, a way to run the real `slotune` CLI, and the
 base of the tests' stand-in collectors."""
+import ast
 import os
 import shutil
 import subprocess
@@ -9,6 +10,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def package_folders() -> dict[str, str]:
+    """setup.py's FOLDERS (import name -> the checkout's folder), read without running it:
+    {"slotune": "daemon", "slotune.tuners": "tuners", "slotune.bpf": "bpf"}."""
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    found = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == "FOLDERS" for t in node.targets))
+    return ast.literal_eval(found)
 
 
 class StandInCollector:

@@ -7,10 +7,10 @@ names control's Inputs type for its signature)."""
 import ast
 from collections import defaultdict
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, package_folders
 
-# The folders the `slotune` import package is made of (pyproject.toml, setup.py).
-PACKAGE = {"daemon": "slotune", "tuners": "slotune.tuners", "bpf": "slotune.bpf"}
+# The folders the `slotune` import package is made of, by folder (setup.py).
+PACKAGE = {folder: name for name, folder in package_folders().items()}
 
 
 def _modules():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, package_folders
 
 
 def test_ruff_finds_nothing():
@@ -21,8 +21,8 @@ def test_ruff_finds_nothing():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-# Where each folder is in the slotune package (setup.py).
-IN_PACKAGE = {"daemon": "slotune", "tuners": "slotune/tuners", "bpf": "slotune/bpf"}
+# Where each folder is in the slotune package (setup.py), as a path: daemon -> slotune.
+IN_PACKAGE = {folder: name.replace(".", "/") for name, folder in package_folders().items()}
 
 
 def package_view(where: Path) -> Path:
@@ -30,10 +30,12 @@ def package_view(where: Path) -> Path:
     reads module names from paths and does not follow the editable install's mapping."""
     package = where / "slotune"
     package.mkdir()
-    for entry in (ROOT / "daemon").iterdir():
-        (package / entry.name).symlink_to(entry)
-    for folder in ("tuners", "bpf"):
-        (package / folder).symlink_to(ROOT / folder)
+    for folder, path in IN_PACKAGE.items():
+        if path == "slotune":        # the package's own folder: its entries, beside the others
+            for entry in (ROOT / folder).iterdir():
+                (package / entry.name).symlink_to(entry)
+        else:
+            (where / path).symlink_to(ROOT / folder)
     return where
 
 
