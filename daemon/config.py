@@ -73,7 +73,7 @@ class ExportConf:
     otlp_endpoint: str = ""            # OTLP/HTTP base URL: decisions to /v1/logs, metrics to /v1/metrics
     otlp_metrics: bool = True
     otlp_metrics_interval_s: float = 30.0
-    buckets_per_octave: int = 4        # the exported latency histograms' steps per power of two
+    buckets_per_octave: int = 8        # the exported latency histograms' steps per power of two
 
 
 @dataclass(frozen=True)
@@ -405,7 +405,7 @@ def _export(file: Path, r: _Reader) -> ExportConf:
         grafana_dashboard_uid=r.get("grafana_dashboard_uid", str, ""), otlp_endpoint=r.get("otlp_endpoint", str, ""),
         otlp_metrics=r.get("otlp_metrics", bool, True),
         otlp_metrics_interval_s=r.get("otlp_metrics_interval_s", float, 30.0, lo=1.0, hi=3600.0),
-        buckets_per_octave=r.get("buckets_per_octave", int, 4, choices=BUCKETS_PER_OCTAVE))
+        buckets_per_octave=r.get("buckets_per_octave", int, 8, choices=BUCKETS_PER_OCTAVE))
     r.done()
     for key in ("grafana_url", "otlp_endpoint"):
         if getattr(conf, key) and not getattr(conf, key).startswith(("http://", "https://")):

@@ -90,7 +90,7 @@ class Daemon:
                                          lambda: self.cfg)
         self.registry.register(self.recorder)
         self.guard_file = GuardFile(cfg.state_file)
-        self.sinks = sinks.start(cfg, self.registry)    # decisions to Grafana / OTLP, if [export] says so
+        self.sinks = sinks.start(cfg, self.registry, self.exporter)   # decisions to Grafana / OTLP, if [export] says so
         self.watchdog_s = sdnotify.watchdog_interval()
         self.control = ControlLoop(cfg, self._actuators(cfg), self.audit, dry_run or cfg.dry_run,
                                    self.recorder.baseline, self.guard_file.load(), self.bulkheads,

@@ -2,7 +2,8 @@
 each decision operators are shown (daemon/export/sinks.py) as a log record (event
 slotune.decision) to <otlp_endpoint>/v1/logs, and every otlp_metrics_interval_s the same
 registry /metrics serves to <otlp_endpoint>/v1/metrics, converted family by family (gauge ->
-Gauge, counter -> cumulative monotonic Sum, histogram -> explicit-bucket Histogram). Needs
+Gauge, counter -> cumulative monotonic Sum), its latency histograms as exponential histograms
+from the kernel's slots, named by the semantic conventions where one names them. Needs
 the `otlp` extra (opentelemetry-sdk, opentelemetry-exporter-otlp-proto-http; no gRPC)."""
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ from collections import defaultdict
 from importlib import metadata
 
 from slotune.store.audit import Entry, Outcome
+from slotune.export.exponential import SCALE, exponential_buckets
+from slotune.export.samples import SampleExporter
 from slotune.export.sinks import ExportCounters, Outbox
+from slotune.model.signals import HTTP_FIRST_BYTE, HTTP_REQUEST, HTTP_WRITE_GAP
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 5.0
@@ -24,6 +28,12 @@ WARN = frozenset({Outcome.ROLLED_BACK, Outcome.ROLLBACK_FAILED, Outcome.REFUSED}
 # The exporters' own loggers: what they say about a failed export goes into our one line.
 LOGS_LOGGER = "opentelemetry.exporter.otlp.proto.http._log_exporter"
 METRICS_LOGGER = "opentelemetry.exporter.otlp.proto.http.metric_exporter"
+# The OpenTelemetry semantic conventions' names (all in seconds, as slotune's) for the signals
+# that have one: HTTP (semantic-conventions docs/http/http-metrics.md) and GenAI model servers
+# (docs/gen-ai/gen-ai-metrics.md). The others keep slotune's Prometheus names.
+SEMCONV = {HTTP_REQUEST: "http.server.request.duration",
+           HTTP_FIRST_BYTE: "gen_ai.server.time_to_first_token",
+           HTTP_WRITE_GAP: "gen_ai.server.time_per_output_token"}
 
 
 class _FirstWord:
@@ -72,64 +82,58 @@ def decision_record(entry: Entry, resource, scope):
     return ReadableLogRecord(record, resource=resource, instrumentation_scope=scope)
 
 
-def metrics_data(families, resource, scope, start_ns: int, now_ns: int):
-    """prometheus_client metric families (registry.collect()) as OTel MetricsData."""
+def metrics_data(families, latencies: SampleExporter, resource, scope, start_ns: int, now_ns: int):
+    """prometheus_client metric families (registry.collect()) as OTel MetricsData, their
+    histograms (all the SampleExporter's) taken slot by slot from it."""
     from opentelemetry.sdk.metrics.export import MetricsData, ResourceMetrics, ScopeMetrics
     metrics = [m for fam in families if (m := _metric(fam, start_ns, now_ns)) is not None]
+    metrics += latency_metrics(latencies, start_ns, now_ns)
     return MetricsData([ResourceMetrics(resource, [ScopeMetrics(scope, metrics, "")], "")])
 
 
+def latency_metrics(latencies: SampleExporter, start_ns: int, now_ns: int) -> list:
+    """The exporter's histograms as cumulative exponential histograms, one metric per signal."""
+    from opentelemetry.sdk.metrics.export import (AggregationTemporality, Buckets, ExponentialHistogram,
+                                                  ExponentialHistogramDataPoint, Metric)
+    rows, points = {}, defaultdict(list)
+    for signal, row, attributes, h in latencies.histograms():
+        zero, offset, counts = exponential_buckets(h)
+        rows[signal] = row
+        # min and max are not in the slots: None leaves them out of the protobuf.
+        points[signal].append(ExponentialHistogramDataPoint(
+            attributes, start_ns, now_ns, h.count, h.total_ns / 1e9, SCALE, zero, Buckets(offset, counts),
+            Buckets(0, []), 0, None, None))                  # type: ignore[arg-type]
+    return [Metric(SEMCONV.get(signal, row.metric), row.help, "s",
+                   ExponentialHistogram(points[signal], AggregationTemporality.CUMULATIVE))
+            for signal, row in rows.items()]
+
+
 def _metric(fam, start_ns: int, now_ns: int):
-    from opentelemetry.sdk.metrics.export import (AggregationTemporality, Gauge, Histogram, Metric,
-                                                  NumberDataPoint, Sum)
+    from opentelemetry.sdk.metrics.export import AggregationTemporality, Gauge, Metric, NumberDataPoint, Sum
     cumulative = AggregationTemporality.CUMULATIVE
     if fam.type in ("gauge", "info", "unknown"):
         points = [NumberDataPoint(s.labels, 0, now_ns, float(s.value)) for s in fam.samples
                   if s.name in (fam.name, fam.name + "_info") and math.isfinite(s.value)]
-        data: Gauge | Sum | Histogram = Gauge(points)
+        data: Gauge | Sum = Gauge(points)
     elif fam.type == "counter":
         points = [NumberDataPoint(s.labels, start_ns, now_ns, float(s.value)) for s in fam.samples
                   if s.name == fam.name + "_total"]
         data = Sum(points, cumulative, True)
-    elif fam.type == "histogram":
-        data = Histogram(_histogram_points(fam, start_ns, now_ns), cumulative)
-    else:          # summaries and state sets: slotune exports none; nothing to map them to here
+    else:          # histograms: latency_metrics(); summaries and state sets: slotune exports none
         return None
     name = fam.name + "_info" if fam.type == "info" else fam.name
     return Metric(name, fam.documentation, "", data) if data.data_points else None
 
 
-def _histogram_points(fam, start_ns: int, now_ns: int) -> list:
-    from opentelemetry.sdk.metrics.export import HistogramDataPoint
-    series: dict[tuple, dict] = defaultdict(lambda: {"buckets": {}, "sum": 0.0, "count": 0})
-    for s in fam.samples:
-        labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
-        if s.name == fam.name + "_bucket":
-            series[labels]["buckets"][float(s.labels["le"])] = s.value
-        elif s.name == fam.name + "_sum":
-            series[labels]["sum"] = s.value
-        elif s.name == fam.name + "_count":
-            series[labels]["count"] = int(s.value)
-    points = []
-    for labels, h in series.items():
-        bounds = sorted(le for le in h["buckets"] if math.isfinite(le))
-        cumulative = [h["buckets"][le] for le in bounds] + [h["count"]]
-        counts = [int(c - p) for c, p in zip(cumulative, [0.0] + cumulative[:-1])]
-        # min and max are not in cumulative buckets: None leaves them out of the protobuf.
-        points.append(HistogramDataPoint(dict(labels), start_ns, now_ns, h["count"], h["sum"], counts, bounds,
-                                         None, None))      # type: ignore[arg-type]
-    return points
-
-
 class OtlpExport:
-    def __init__(self, endpoint: str, environment: str, registry, counters: ExportCounters,
-                 metrics_interval_s: float | None):
+    def __init__(self, endpoint: str, environment: str, registry, latencies: SampleExporter,
+                 counters: ExportCounters, metrics_interval_s: float | None):
         from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
         base = endpoint.rstrip("/")
-        self.registry, self.interval_s = registry, metrics_interval_s
+        self.registry, self.latencies, self.interval_s = registry, latencies, metrics_interval_s
         self.resource = Resource.create(resource_attributes(environment))
         self.scope = InstrumentationScope(SCOPE, str(self.resource.attributes["service.version"]))
         self.started_ns, self.last_metrics = time.time_ns(), -math.inf
@@ -155,7 +159,8 @@ class OtlpExport:
         self._check(LOGS_LOGGER, lambda: self.log_exporter.export(records))
 
     def _send_metrics(self, batch: list[float]) -> None:
-        data = metrics_data(self.registry.collect(), self.resource, self.scope, self.started_ns, time.time_ns())
+        data = metrics_data(self.registry.collect(), self.latencies, self.resource, self.scope, self.started_ns,
+                            time.time_ns())
         self._check(METRICS_LOGGER, lambda: self.metric_exporter.export(data))
 
     def _check(self, logger: str, export) -> None:
@@ -172,7 +177,8 @@ class OtlpExport:
         self.metric_exporter.shutdown()
 
 
-def start(conf, environment: str, registry, counters: ExportCounters) -> OtlpExport | None:
+def start(conf, environment: str, registry, latencies: SampleExporter,
+          counters: ExportCounters) -> OtlpExport | None:
     """The OTLP sink, or None (said in one line) when the `otlp` extra is not installed."""
     try:
         import opentelemetry.exporter.otlp.proto.http  # noqa: F401
@@ -181,5 +187,5 @@ def start(conf, environment: str, registry, counters: ExportCounters) -> OtlpExp
         log.error("export.otlp_endpoint is set but the OTLP exporter is not installed (%s): decisions and "
                   "metrics go to Prometheus only; fix: pip install 'slotune[otlp]'", exc)
         return None
-    return OtlpExport(conf.otlp_endpoint, environment, registry, counters,
+    return OtlpExport(conf.otlp_endpoint, environment, registry, latencies, counters,
                       conf.otlp_metrics_interval_s if conf.otlp_metrics else None)

@@ -1,9 +1,11 @@
 """Prometheus export of collector Samples: a prometheus_client custom collector
 that adds every Sample's deltas into cumulative families at observe() time and
-builds real histograms (_bucket/_sum/_count on export_bounds()), counters and
-gauges at scrape time. Which signal becomes which metric is the SIGNALS table:
-the rows each collector adds with register_signals() (the kernel collector its
-probe families' signals, in collectors/kernel/families/; the GPU collector its own)."""
+builds real histograms (_bucket/_sum/_count on export_bounds(): by default every
+edge of the kernel's slots), counters and gauges at scrape time; histograms() hands
+the same histograms, slot by slot, to the OTLP export. Which signal becomes which
+metric is the SIGNALS table: the rows each collector adds with register_signals()
+(the kernel collector its probe families' signals, in collectors/kernel/families/;
+the GPU collector its own)."""
 from __future__ import annotations
 
 import logging
@@ -13,6 +15,7 @@ from typing import NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from slotune.model import labels as series_labels
 from slotune.model.sample import Sample
 from slotune.model.histogram import Histogram, add_into, export_bounds
 
@@ -29,6 +32,14 @@ class Signal(NamedTuple):
 
 
 SIGNALS: dict[str, Signal] = {}
+
+
+def labels(row: Signal, service: str, label: str) -> dict[str, str]:
+    """A series' labels: its service, and its signal's own label where it has one; a label in
+    model/labels.py's key() form holds several (the http family's route beside its status)."""
+    if "=" in label:
+        return {"service": service, **series_labels.parse(label)}
+    return {"service": service, **({row.label: label} if row.label else {})}
 
 
 def register_signals(table: dict[str, Signal | tuple]) -> None:
@@ -94,31 +105,42 @@ class SampleExporter:
         with self._lock:
             self._probes.update(attached)
 
+    def histograms(self) -> list[tuple[str, Signal, dict[str, str], Histogram]]:
+        """Each histogram series as it stands: (signal, its row, its labels, its cumulative slots)."""
+        with self._lock:
+            hists = dict(self._hists)      # each Histogram is replaced as it grows, never changed
+        return [(signal, SIGNALS[signal], labels(SIGNALS[signal], service, label), h)
+                for (signal, service, label), h in sorted(hists.items())]
+
     def collect(self):
         with self._lock:
             hists, counters, gauges = dict(self._hists), dict(self._counters), dict(self._gauges)
             up, probes = dict(self._up), dict(self._probes)
         families = {}
+        names: dict[str, dict[str, None]] = {}      # each family's label names: any of its series has them
+        for signal, service, label in (*hists, *counters, *gauges):
+            row = SIGNALS[signal]
+            names.setdefault(signal, dict.fromkeys(labels(row, "", ""))).update(labels(row, service, label))
 
         def family(signal):
             row = SIGNALS[signal]
             if signal not in families:
-                labels = ["service"] + ([row.label] if row.label else [])
                 cls = {"histogram": HistogramMetricFamily, "counter": CounterMetricFamily,
                        "gauge": GaugeMetricFamily}[row.kind]
-                families[signal] = cls(row.metric, row.help, labels=labels)
-            return families[signal], row
+                families[signal] = cls(row.metric, row.help, labels=list(names[signal]))
+            return families[signal]
+
+        def values(signal, service, label):    # "" where this series lacks one (Prometheus: no label)
+            own = labels(SIGNALS[signal], service, label)
+            return [own.get(name, "") for name in names[signal]]
 
         for (signal, service, label), h in sorted(hists.items()):
-            fam, row = family(signal)
-            fam.add_metric([service] + ([label] if row.label else []),
-                           buckets=h.prometheus_buckets(self.bounds_s), sum_value=h.total_ns / 1e9)
+            family(signal).add_metric(values(signal, service, label), buckets=h.prometheus_buckets(self.bounds_s),
+                                      sum_value=h.total_ns / 1e9)
         for (signal, service, label), v in sorted(counters.items()):
-            fam, row = family(signal)
-            fam.add_metric([service] + ([label] if row.label else []), v)
+            family(signal).add_metric(values(signal, service, label), v)
         for (signal, service, label), v in sorted(gauges.items()):
-            fam, row = family(signal)
-            fam.add_metric([service] + ([label] if row.label else []), v)
+            family(signal).add_metric(values(signal, service, label), v)
         yield from families.values()
         if up:
             fam = GaugeMetricFamily("slotune_collector_up", "1 when the collector runs", labels=["collector"])

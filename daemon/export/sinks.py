@@ -135,8 +135,9 @@ class Sinks:
             s.close()
 
 
-def start(cfg, registry) -> Sinks:
-    """The sinks cfg.export names, their counters registered in the daemon's registry."""
+def start(cfg, registry, latencies) -> Sinks:
+    """The sinks cfg.export names, their counters registered in the daemon's registry; latencies
+    (the SampleExporter) gives OTLP its histograms slot by slot."""
     from slotune.export import annotations, otlp    # they build on Outbox, above
     counters = ExportCounters()
     registry.register(counters)
@@ -146,7 +147,7 @@ def start(cfg, registry) -> Sinks:
         out.append(annotations.GrafanaAnnotations(conf.grafana_url, conf.grafana_token_file,
                                                   conf.grafana_dashboard_uid, counters))
     if conf.otlp_endpoint:
-        sink = otlp.start(conf, cfg.environment, registry, counters)
+        sink = otlp.start(conf, cfg.environment, registry, latencies, counters)
         if sink is not None:
             out.append(sink)
     return Sinks(out, counters)

@@ -11,6 +11,7 @@ import socket
 import sys
 import time
 
+import numpy as np
 import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (ExportLogsServiceRequest,
                                                                     ExportLogsServiceResponse)
@@ -21,8 +22,12 @@ from prometheus_client import generate_latest
 
 from slotune.store.audit import Outcome
 from slotune.export import sinks
+from slotune.model.histogram import Histogram
+from slotune.model.sample import Sample
+from slotune.model.signals import HTTP_FIRST_BYTE, HTTP_REQUEST, HTTP_WRITE_GAP, RUNQUEUE_WAIT
 from reference_stack.launcher import free_ports
 from tests.export.conftest import Listener, metric_value, steps, wait_for
+from tests.export.quantiles import exponential_quantile
 
 SIGNALS = {"/v1/metrics": (ExportMetricsServiceRequest, ExportMetricsServiceResponse),
            "/v1/logs": (ExportLogsServiceRequest, ExportLogsServiceResponse)}
@@ -105,7 +110,7 @@ def test_metrics_and_decisions_arrive_as_the_otlp_requests(make_daemon, collecto
     metrics = collector.metrics()
     scraped = {f.name: f for f in text_string_to_metric_families(generate_latest(daemon.registry).decode())}
     assert {"slotune_service_requests", "slotune_service_latency_seconds", "slotune_tuner_decisions",
-            "slotune_http_request_duration_seconds", "slotune_collector_up", "slotune_setting_value"} <= set(metrics)
+            "http.server.request.duration", "slotune_collector_up", "slotune_setting_value"} <= set(metrics)
     requests = metrics["slotune_service_requests"]
     assert requests.WhichOneof("data") == "sum" and requests.sum.is_monotonic
     assert requests.sum.aggregation_temporality == 2                     # cumulative
@@ -113,9 +118,11 @@ def test_metrics_and_decisions_arrive_as_the_otlp_requests(make_daemon, collecto
     decisions = {attrs(p.attributes)["outcome"]: p.as_double for p in metrics["slotune_tuner_decisions"].sum.data_points}
     assert decisions.get("pushed", 0) >= 1
     assert metrics["slotune_service_latency_seconds"].WhichOneof("data") == "gauge"
-    hist = metrics["slotune_http_request_duration_seconds"].histogram.data_points[0]
-    assert sum(hist.bucket_counts) == hist.count > 0 and len(hist.bucket_counts) == len(hist.explicit_bounds) + 1
-    assert list(hist.explicit_bounds) == sorted(hist.explicit_bounds)
+    hist = metrics["http.server.request.duration"].exponential_histogram.data_points[0]
+    scraped_count = {s.name: s.value for s in scraped["slotune_http_request_duration_seconds"].samples}
+    assert hist.count == scraped_count["slotune_http_request_duration_seconds_count"] > 0
+    assert hist.sum == pytest.approx(scraped_count["slotune_http_request_duration_seconds_sum"])
+    assert hist.zero_count + sum(hist.positive.bucket_counts) == hist.count
     setting = metrics["slotune_setting_value"].gauge.data_points[0]
     assert attrs(setting.attributes) == {"service": "api", "setting": "rate_limit_rps"}
 
@@ -130,6 +137,39 @@ def test_metrics_and_decisions_arrive_as_the_otlp_requests(make_daemon, collecto
     wait_for(lambda: metric_value(daemon, "slotune_export_sent_total", sink="otlp_logs") == len(pushed),
              "the decisions counted as sent")
     print(f"OTLP metrics: {len(metrics)} families; decision log: {collector.log_records()[0].body.string_value}")
+
+
+def test_latency_histograms_arrive_as_exponential_histograms_under_the_semantic_convention_names(
+        make_daemon, collector):
+    daemon, _ = make_daemon(otlp_to(collector.url))
+    rng = np.random.default_rng(5)
+    values = {   # ns, as the kernel times them: a streaming LLM server's answers, first tokens, token gaps
+        HTTP_REQUEST: rng.lognormal(np.log(4e9), 0.5, 2000), HTTP_FIRST_BYTE: rng.lognormal(np.log(150e6), 0.3, 2000),
+        HTTP_WRITE_GAP: rng.lognormal(np.log(25e6), 0.4, 50_000), RUNQUEUE_WAIT: rng.lognormal(np.log(20e3), 1.0, 5000)}
+    daemon.exporter.observe([Sample("llm", "kernel", 0, 1, histograms={
+        (signal, ""): Histogram.from_values(v) for signal, v in values.items()})])
+    daemon.sinks.tick(time.time())
+    wait_for(lambda: collector.got["/v1/metrics"], "a metrics snapshot")
+    assert not collector.refused, collector.refused
+    metrics = collector.metrics()
+
+    names = {HTTP_REQUEST: "http.server.request.duration", HTTP_FIRST_BYTE: "gen_ai.server.time_to_first_token",
+             HTTP_WRITE_GAP: "gen_ai.server.time_per_output_token",
+             RUNQUEUE_WAIT: "slotune_runqueue_wait_seconds"}           # no convention: slotune's name
+    assert not {"slotune_http_request_duration_seconds", "slotune_http_first_byte_seconds",
+                "slotune_http_write_gap_seconds"} & set(metrics)
+    for signal, name in names.items():
+        metric = metrics[name]
+        assert metric.WhichOneof("data") == "exponential_histogram" and metric.unit == "s", name
+        assert metric.exponential_histogram.aggregation_temporality == 2              # cumulative
+        (point,) = metric.exponential_histogram.data_points
+        assert attrs(point.attributes) == {"service": "llm"}
+        assert point.count == len(values[signal]) and point.scale == 4
+        assert point.sum == pytest.approx(values[signal].sum() / 1e9)
+        assert point.zero_count + sum(point.positive.bucket_counts) == point.count
+        p99 = exponential_quantile(0.99, point.scale, point.zero_count, point.positive.offset,
+                                   point.positive.bucket_counts)
+        assert p99 == pytest.approx(np.quantile(values[signal], 0.99) / 1e9, rel=0.05), name
 
 
 def test_a_collector_that_is_down_is_counted_said_once_and_the_loop_goes_on(make_daemon, caplog):
