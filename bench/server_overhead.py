@@ -2,9 +2,10 @@
 a 1 KiB static file, or a 5 ms handler from the echo module) under `wrk -t1
 -c16`, and the reference gateway under its closed-loop clients, with variants
 alternating round by round: no tracing; slotune with all families watching the
-server; slotune's `http` family alone; all families loaded but watching nothing
-(the cost to the host's other tenants); and the anchor, a bpftrace
-syscall-latency histogram for the server's pid. Each traced run is compared
+server; slotune's `http` family alone, and with the server's requests classed by
+two routes; all families loaded but watching nothing (the cost to the host's
+other tenants); and the anchor, a bpftrace syscall-latency histogram for the
+server's pid. Each traced run is compared
 with the mean of the untraced runs on either side of it; the figures are
 medians over the rounds with their range and a 95 % bootstrap interval of the
 median, the server's CPU per request, and (--bpf-stats) the kernel's own run
@@ -37,7 +38,7 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -160,13 +161,13 @@ class Slotune(Tracer):
     """A KernelCollector as the daemon runs it, collect() every second in a thread.
     Compiled once; between its runs its probes are detached (the maps stay)."""
 
-    def __init__(self, name: str, families: list[str] | None, watch: bool):
-        self.name, self.families, self.watch = name, families, watch
+    def __init__(self, name: str, families: list[str] | None, watch: bool, *, routes: tuple[str, ...] = ()):
+        self.name, self.families, self.watch, self.routes = name, families, watch, routes
         self.collector, self.detached = None, []
 
     def start(self, target):
         if self.collector is None:
-            spec = (target.spec if self.watch else
+            spec = (replace(target.spec, routes=self.routes) if self.watch else
                     ServiceSpec("nobody", cmdline=f"no-such-process-{uuid.uuid4().hex}"))
             self.collector = KernelCollector(self.families)
             self.collector.start([spec])
@@ -424,7 +425,9 @@ def nginx_rounds(args, work: Path) -> list[str]:
                        Slotune("slotune, all families, watching nothing", None, False),
                        Bpftrace()]
             if not args.targets:   # --targets: what the targets compare, and the yardstick
-                tracers.insert(1, Slotune("slotune, http only, watching nginx", ["http"], True))
+                tracers[1:1] = [Slotune("slotune, http only, watching nginx", ["http"], True),
+                                Slotune("slotune, http only, watching nginx by 2 routes (its path the 2nd)",
+                                        ["http"], True, routes=("/v1/chat/completions", PATHS[handler]))]
             if args.targets or args.empty:
                 tracers.append(aa)
             if args.empty:         # the floor: attaching there, doing nothing

@@ -30,9 +30,20 @@
  * and Prometheus, a health check: http_untimed, filled from the config) is
  * neither counted nor timed: its path is hashed (FNV-1a) from the request line
  * at its start, for services that have such paths only.
+ * A service with routes (path prefixes, up to HTTP_ROUTES: http_routes, filled
+ * from the config) has each of its requests classed as it is read, from the same
+ * read of its request line: 1..N for the first of its routes that starts the path,
+ * HTTP_OTHER_ROUTE for none. The class rides with the connection to the response,
+ * and every series of the request is keyed by it too: its label id is the class
+ * above the series' own label (HTTP_ROUTE_SHIFT), 0 for a service without routes,
+ * whose keys are as they were. Which services' request lines are read at all is
+ * one byte by service id (http_checks), so a request of a service with neither
+ * untimed paths nor routes costs one inlined lookup for both.
  * That count and the status classes' are kept in per-CPU arrays by service id
  * (the first 1023 ids), whose lookups the JIT inlines: no hash and no atomic on
- * the hot path; user space sums the CPUs' slots.
+ * the hot path; user space sums the CPUs' slots. A service with routes counts
+ * them by (service, route class) in the shared counts map instead (a hash lookup
+ * and an atomic add each, beside the read of its request line).
  * A read or a write is one program run, for watched tasks only, and one lookup
  * of its socket; no program runs on any syscall, so no task on the host leaves
  * the kernel's fast syscall path (before Linux 6.4, programs on the socket
@@ -62,7 +73,8 @@ struct http_conn {
     u32 service;
     u32 refused;         /* the response's status if it is a refusal (429, 503), else 0 */
     u32 held;            /* its request's place in http_in_flight + 1 until answered, else 0 */
-    u32 untimed;         /* 1 while its request is for one of the service's untimed paths */
+    u16 untimed;         /* 1 while its request is for one of the service's untimed paths */
+    u16 route;           /* its request's route class; 0 where the service has no routes */
 };
 
 BPF_TABLE("lru_hash", u64, struct http_conn, http_conns, MAX_HTTP_CONNS);   /* socket -> its connection */
@@ -70,40 +82,63 @@ BPF_TABLE("lru_hash", u64, struct http_conn, http_conns, MAX_HTTP_CONNS);   /* s
 BPF_PERCPU_ARRAY(http_arrived, u64, HTTP_SERVICE_IDS);                       /* requests read */
 BPF_PERCPU_ARRAY(http_statuses, u64, HTTP_SERVICE_IDS * HTTP_CLASS_SLOTS);   /* responses by status class */
 
-/* Untimed paths: services that have any (a flag by service id, so that a request of
- * another service costs one inlined lookup), and (service, hash of the path). */
+/* What a service's request lines are read for, by service id (HTTP_CHECK_* bits, 0:
+ * nothing, so that a request of any other service costs one inlined lookup). */
+#define HTTP_CHECK_UNTIMED 1     /* it has untimed paths */
+#define HTTP_CHECK_ROUTES 2      /* it has routes */
+BPF_ARRAY(http_checks, u8, HTTP_SERVICE_IDS);
+/* Untimed paths: (service, hash of the path). */
 struct http_path {
     u32 service;
     u32 hash;            /* FNV-1a of the path's bytes, from its '/' to before ' ' or '?' */
 };
-BPF_ARRAY(http_untimed_any, u8, HTTP_SERVICE_IDS);
 BPF_HASH(http_untimed, struct http_path, u8, HTTP_UNTIMED_PATHS);
+/* Routes, by service id (a hash without preallocation: memory for the services that have
+ * routes only): up to HTTP_ROUTES path prefixes of up to 8 * HTTP_ROUTE_WORDS bytes each,
+ * compared a word at a time under a mask, without a branch (a loop that stops at a prefix's
+ * end or at its first difference costs the verifier a path per byte). */
+struct http_route {
+    u64 word[HTTP_ROUTE_WORDS];                  /* the prefix's bytes, zero-padded */
+    u64 mask[HTTP_ROUTE_WORDS];                  /* 0xff for each of its bytes, else 0 */
+};
+struct http_route_set {
+    struct http_route route[HTTP_ROUTES];
+    u8 len[HTTP_ROUTES];                         /* each prefix's length; 0 past the last */
+};
+BPF_F_TABLE("hash", u32, struct http_route_set, http_routes, HTTP_SERVICE_IDS, BPF_F_NO_PREALLOC);
 #define HTTP_LINE_READ 128       /* the request line's bytes read: method, path (< 100), a space */
+#define HTTP_METHOD_END 8        /* the space after the longest method ("OPTIONS ") */
 struct http_line {
     char bytes[HTTP_LINE_READ];
 };
 BPF_PERCPU_ARRAY(http_lines, struct http_line, 1);
 
-/* Has the service any untimed paths? */
-static __always_inline int http_has_untimed(u32 service)
+static __always_inline u8 http_checks_of(u32 service)
 {
-    u8 *any = http_untimed_any.lookup(&service);
-    return any && *any;
+    u8 *checks = http_checks.lookup(&service);
+    return checks ? *checks : 0;
 }
 
-/* Is the request whose first bytes this read holds (io located) for an untimed path
- * of its service (one that has some)? */
-static __always_inline u32 http_untimed_request(u32 service, struct sock_io *io)
+/* The start of the request line this read holds (io located), read into the per-CPU
+ * buffer, and in *len how many bytes were read; 0 when it cannot be read. */
+static __always_inline struct http_line *http_line(struct sock_io *io, u32 *len)
 {
     u64 seg[2] = {};
     sock_first(io, seg);
-    u64 len = seg[1] < (u64)io->ret ? seg[1] : (u64)io->ret;
-    if (len > HTTP_LINE_READ - 1)
-        len = HTTP_LINE_READ - 1;
+    u64 n = seg[1] < (u64)io->ret ? seg[1] : (u64)io->ret;
+    if (n > HTTP_LINE_READ - 1)
+        n = HTTP_LINE_READ - 1;
     u32 zero = 0;
     struct http_line *l = http_lines.lookup(&zero);
-    if (!l || len < 6 || bpf_probe_read_user(l->bytes, len & (HTTP_LINE_READ - 1), (void *)seg[0]))
+    if (!l || n < 6 || bpf_probe_read_user(l->bytes, n & (HTTP_LINE_READ - 1), (void *)seg[0]))
         return 0;
+    *len = n;
+    return l;
+}
+
+/* Is the path of the request line l (len bytes read) one of the service's untimed paths? */
+static __always_inline int http_untimed_path(u32 service, struct http_line *l, u32 len)
+{
     struct http_path key = {.service = service, .hash = 2166136261u};
     int in_path = 0;
     for (u32 i = 0; i < HTTP_LINE_READ - 1; i++) {
@@ -121,15 +156,70 @@ static __always_inline u32 http_untimed_request(u32 service, struct sock_io *io)
     return 0;
 }
 
-static __always_inline void http_arrived_add(u32 service)
+/* The route class of the request line l (len bytes read): 1..N, the first of the
+ * service's routes that starts its path, else HTTP_OTHER_ROUTE. */
+static __always_inline u16 http_route(u32 service, struct http_line *l, u32 len)
 {
+    struct http_route_set *set = http_routes.lookup(&service);
+    u32 path = 0;
+    for (u32 i = 3; i < HTTP_METHOD_END; i++) {  /* the path starts after the method's space */
+        if (l->bytes[i] == ' ') {
+            path = i + 1;
+            break;
+        }
+    }
+    if (!set || !path)
+        return HTTP_OTHER_ROUTE;
+    u64 word[HTTP_ROUTE_WORDS];
+    __builtin_memcpy(word, &l->bytes[path & (HTTP_METHOD_END * 2 - 1)], sizeof(word));
+    for (u32 r = 0; r < HTTP_ROUTES && set->len[r]; r++) {   /* a length of 0: no more routes */
+        u64 diff = 0;
+        for (u32 w = 0; w < HTTP_ROUTE_WORDS; w++)
+            diff |= (word[w] & set->route[r].mask[w]) ^ set->route[r].word[w];
+        if (!diff && path + set->len[r] <= len)  /* and all of it read: the rest of the buffer is stale */
+            return r + 1;
+    }
+    return HTTP_OTHER_ROUTE;
+}
+
+/* The request this read starts (io located), of a service whose request lines are read
+ * (checks): whether it is for an untimed path, and if not its route class (in this order:
+ * the other costs the verifier a pass over the path's loop per route class). */
+static __always_inline void http_classify(struct http_conn *c, struct sock_io *io, u8 checks)
+{
+    u32 len = 0;
+    struct http_line *l = http_line(io, &len);
+    c->untimed = l && (checks & HTTP_CHECK_UNTIMED) && http_untimed_path(c->service, l, len);
+    if (!c->untimed && (checks & HTTP_CHECK_ROUTES))
+        c->route = l ? http_route(c->service, l, len) : HTTP_OTHER_ROUTE;
+}
+
+/* A series' label id: the request's route class (0 where its service has no routes)
+ * above the series' own label (a status code; 0 if it has none). */
+static __always_inline u16 http_label(u16 route, u32 own)
+{
+    return (u16)(route << HTTP_ROUTE_SHIFT | own);
+}
+
+/* A request read, and a response's status class: counted by service id in the per-CPU
+ * arrays, or for a service with routes by (service, route class) in the shared counts. */
+static __always_inline void http_arrived_add(u32 service, u16 route)
+{
+    if (route) {
+        count_add(service, SIG_HTTP_ARRIVED, http_label(route, 0), 1);
+        return;
+    }
     u64 *n = http_arrived.lookup(&service);
     if (n)
         (*n)++;
 }
 
-static __always_inline void http_status_add(u32 service, u32 status)
+static __always_inline void http_status_add(u32 service, u16 route, u32 status)
 {
+    if (route) {
+        count_add(service, SIG_HTTP_STATUS, http_label(route, status / 100), 1);
+        return;
+    }
     u32 slot = service * HTTP_CLASS_SLOTS + status / 100;
     u64 *n = http_statuses.lookup(&slot);
     if (n)
@@ -149,6 +239,7 @@ struct http_request {
     u64 sk;              /* its socket, 0 when the place is free */
     u64 request_at;
     u32 service;
+    u16 route;
 };
 struct http_set {
     struct http_request way[HTTP_WAYS];
@@ -174,6 +265,7 @@ static __always_inline void http_hold(u64 sk, struct http_conn *c)
         if (__sync_val_compare_and_swap(&r->sk, 0, sk) == 0) {
             r->request_at = c->request_at;
             r->service = c->service;
+            r->route = c->route;
             c->held = set * HTTP_WAYS + i + 1;
             return;
         }
@@ -218,7 +310,8 @@ static __always_inline struct http_conn *http_conn_of(u64 sk)
     struct http_request *r;
     if (c || !(r = http_waiting(sk, &held)))
         return c;
-    struct http_conn back = {.request_at = r->request_at, .service = r->service, .held = held};
+    struct http_conn back = {.request_at = r->request_at, .service = r->service, .route = r->route,
+                             .held = held};
     if (!http_conns.insert(&sk, &back))
         lru_inserted(LRU_HTTP_CONNS);
     return http_conns.lookup(&sk);
@@ -252,10 +345,10 @@ static __always_inline void http_response_over(u64 sk, struct http_conn *c)
     http_release(sk, c);
     if (c->request_at && c->last_write_at && !c->untimed) {
         if (!c->first_byte_at && c->header_at)
-            hist_add(c->service, SIG_HTTP_FIRST_BYTE, 0, c->header_at - c->request_at);
-        hist_add(c->service, SIG_HTTP_REQUEST, 0, c->last_write_at - c->request_at);
+            hist_add(c->service, SIG_HTTP_FIRST_BYTE, http_label(c->route, 0), c->header_at - c->request_at);
+        hist_add(c->service, SIG_HTTP_REQUEST, http_label(c->route, 0), c->last_write_at - c->request_at);
         if (c->refused)
-            hist_add(c->service, SIG_HTTP_REFUSED, c->refused, c->last_write_at - c->request_at);
+            hist_add(c->service, SIG_HTTP_REFUSED, http_label(c->route, c->refused), c->last_write_at - c->request_at);
     }
     c->request_at = 0;
     c->header_at = 0;
@@ -263,6 +356,7 @@ static __always_inline void http_response_over(u64 sk, struct http_conn *c)
     c->last_write_at = 0;
     c->refused = 0;
     c->untimed = 0;
+    c->route = 0;
 }
 
 /* A request starts on a socket no connection is kept for: if a watched task
@@ -276,9 +370,11 @@ static __always_inline void http_opened(struct sock_io *io)
     if (!service)
         return;
     struct http_conn c = {.service = *service, .request_at = bpf_ktime_get_ns()};
-    c.untimed = http_has_untimed(c.service) && http_untimed_request(c.service, io);
+    u8 checks = http_checks_of(c.service);
+    if (checks)
+        http_classify(&c, io, checks);
     if (!c.untimed) {
-        http_arrived_add(c.service);
+        http_arrived_add(c.service, c.route);
         http_hold(io->sk, &c);
     }
     if (!http_conns.insert(&io->sk, &c))
@@ -305,13 +401,14 @@ static __always_inline void http_read_done(struct http_conn *c, struct sock_io *
         return;                                  /* more of the same request */
     }
     c->request_at = bpf_ktime_get_ns();
-    if (http_has_untimed(c->service)) {
+    u8 checks = http_checks_of(c->service);
+    if (checks) {
         sock_locate(io, nr);
-        c->untimed = http_untimed_request(c->service, io);
+        http_classify(c, io, checks);
         if (c->untimed)
             return;
     }
-    http_arrived_add(c->service);
+    http_arrived_add(c->service, c->route);
     http_hold(io->sk, c);
 }
 
@@ -436,7 +533,7 @@ static __always_inline void http_write_done(struct http_conn *c, struct sock_io 
         if (status < 200)                        /* 100 Continue and the like: the answer comes later */
             return;
         http_release(io->sk, c);                 /* answered: its writes keep it recently used */
-        http_status_add(c->service, status);
+        http_status_add(c->service, c->route, status);
         if (status == HTTP_TOO_MANY_REQUESTS || status == HTTP_SERVICE_UNAVAILABLE)
             c->refused = status;
         c->last_write_at = now;
@@ -450,9 +547,9 @@ static __always_inline void http_write_done(struct http_conn *c, struct sock_io 
     }
     if (!c->first_byte_at) {
         c->first_byte_at = now;
-        hist_add(c->service, SIG_HTTP_FIRST_BYTE, 0, now - c->request_at);
+        hist_add(c->service, SIG_HTTP_FIRST_BYTE, http_label(c->route, 0), now - c->request_at);
     } else {
-        hist_add(c->service, SIG_HTTP_WRITE_GAP, 0, now - c->last_write_at);
+        hist_add(c->service, SIG_HTTP_WRITE_GAP, http_label(c->route, 0), now - c->last_write_at);
     }
     c->last_write_at = now;
 }

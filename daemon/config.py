@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slotune.actuators import ACTUATORS, Control
-from slotune.collectors.kernel.families import FAMILIES
+from slotune.collectors.kernel.families import FAMILIES, http
 from slotune.collectors.kernel.program import MAP_ENTRIES, MAP_ENTRIES_RANGE
 from slotune.model.histogram import BUCKETS_PER_OCTAVE
 from slotune.model.service import ServiceSpec
@@ -177,6 +177,7 @@ def _service(file: Path, name: str, r: _Reader, default_tune_s: float) -> Servic
         tpot_metric=r.get("tpot_metric", str, ""),
         peers=_peers(file, r.table_of("peers")),
         untimed_paths=_untimed_paths(file, r),
+        routes=_routes(file, r),
     )
     if not any((spec.systemd_unit, spec.cgroup, spec.cmdline, spec.port, spec.user is not None)):
         raise ConfigError(file, r.where, "needs at least one of systemd_unit, cgroup, cmdline, port, user to find its processes")
@@ -265,21 +266,41 @@ def _admission(file, svc: ServiceConf, services: dict[str, ServiceConf]) -> None
                               f"throttle pushes {name} through {proxy.name}; name it there, e.g. \"{s.target}\"")
 
 
-UNTIMED_PATH = re.compile(r"/[!-~]{0,63}")
+# A path as the request line has it, up to the longest route the kernel compares (an
+# untimed path alike): printable characters, no space ('?' is refused apart).
+PATH = re.compile(rf"/[!-~]{{0,{http.ROUTE_BYTES - 1}}}")
 UNTIMED_PATHS = 16      # per service
+
+
+def _paths(file, r: _Reader, name: str, most: int) -> tuple[str, ...]:
+    """The list of paths (or path prefixes) under key `name`, at most `most`."""
+    paths = r.get(name, list, [])
+    if len(paths) > most:
+        raise ConfigError(file, r.key(name), f"at most {most} paths")
+    for path in paths:
+        if not isinstance(path, str) or not PATH.fullmatch(path) or "?" in path:
+            raise ConfigError(file, r.key(name), f"{path!r} is not a path: give it as the request line has it, "
+                              f"starting with '/', up to {http.ROUTE_BYTES} printable characters without spaces or '?'")
+    return tuple(paths)
 
 
 def _untimed_paths(file, r: _Reader) -> tuple[str, ...]:
     """untimed_paths = ["/healthz", ...]: requests the http family neither counts nor times
     (the path as the request line has it, before any '?'; the metrics_url's own is added)."""
-    paths = r.get("untimed_paths", list, [])
-    if len(paths) > UNTIMED_PATHS:
-        raise ConfigError(file, r.key("untimed_paths"), f"at most {UNTIMED_PATHS} paths")
-    for path in paths:
-        if not isinstance(path, str) or not UNTIMED_PATH.fullmatch(path) or "?" in path:
-            raise ConfigError(file, r.key("untimed_paths"), f"{path!r} is not a path: give it as the request "
-                              "line has it, starting with '/', up to 64 printable characters without spaces or '?'")
-    return tuple(paths)
+    return _paths(file, r, "untimed_paths", UNTIMED_PATHS)
+
+
+def _routes(file, r: _Reader) -> tuple[str, ...]:
+    """routes = ["/v1/chat/completions", ...]: path prefixes the http family classes requests
+    by, the first that starts a request's path (the others' class: "other"); the service is
+    judged on its routes' requests alone (model/routes.py)."""
+    routes = _paths(file, r, "routes", http.ROUTES)
+    for i, route in enumerate(routes):
+        if shadow := next((e for e in routes[:i] if route.startswith(e)), None):
+            raise ConfigError(file, r.key("routes"), f"{route!r} would never be matched: {shadow!r}, listed "
+                              "before it, starts it (a request takes the first route that starts its path); "
+                              "list the longer one first, or once")
+    return routes
 
 
 def _peers(file, r: _Reader) -> dict[int, str]:

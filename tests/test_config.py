@@ -34,6 +34,12 @@ def test_untimed_paths_and_the_metrics_path(tmp_path):
     assert load_text(tmp_path, MINIMAL).service("api").spec.untimed() == ()
 
 
+def test_routes_are_path_prefixes_in_order(tmp_path):
+    cfg = load_text(tmp_path, MINIMAL + 'routes = ["/v1/chat/completions", "/v1/completions", "/v1"]\n')
+    assert cfg.service("api").spec.routes == ("/v1/chat/completions", "/v1/completions", "/v1")
+    assert load_text(tmp_path, MINIMAL).service("api").spec.routes == ()
+
+
 def test_defaults_for_a_minimal_file(tmp_path):
     cfg = load_text(tmp_path, MINIMAL)
     assert cfg.collect_interval_s == 1.0 and cfg.tune_interval_s == 30.0
@@ -56,6 +62,13 @@ def test_defaults_for_a_minimal_file(tmp_path):
     (MINIMAL + "untimed_paths = ['healthz']\n", "services.api.untimed_paths", "starting with '/'"),
     (MINIMAL + "untimed_paths = ['/a?b']\n", "services.api.untimed_paths", "not a path"),
     (MINIMAL + "untimed_paths = ['/h z']\n", "services.api.untimed_paths", "not a path"),
+    (MINIMAL + "routes = ['v1/completions']\n", "services.api.routes", "starting with '/'"),
+    (MINIMAL + f"routes = ['/{'x' * 64}']\n", "services.api.routes", "up to 64 printable characters"),
+    (MINIMAL + "routes = ['/v1/completions?stream=true']\n", "services.api.routes", "not a path"),
+    (MINIMAL + f"routes = {[f'/r{i}' for i in range(9)]}\n", "services.api.routes", "at most 8"),
+    (MINIMAL + "routes = ['/v1', '/v1/completions']\n", "services.api.routes", "'/v1', listed before it, starts it"),
+    (MINIMAL + "routes = ['/v1/models', '/v1/models']\n", "services.api.routes", "never be matched"),
+    (MINIMAL + "routes = '/v1/completions'\n", "services.api.routes", "must be list"),
     (MINIMAL + "[services.api.tuners.throttle]\n", "services.api.tuners.throttle", "needs a [control] table"),
     (MINIMAL + "[services.api.tuners.autopilot]\n", "services.api.tuners.autopilot", "unknown tuner"),
     (MINIMAL + "[services.api.control]\nkind = 'reference'\nurl = 'x'\n[services.api.tuners.throttle]\n",

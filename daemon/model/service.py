@@ -37,6 +37,9 @@ class ServiceSpec:
     peers: dict[int, str] = field(default_factory=dict)
     # Paths of requests the http family neither counts nor times (health checks, an exporter's).
     untimed_paths: tuple[str, ...] = ()
+    # Path prefixes of its routes (model/routes.py): its HTTP series are labelled by the first
+    # that starts a request's path, or "other"; it is judged on its routes' requests alone.
+    routes: tuple[str, ...] = ()
 
     def untimed(self) -> tuple[str, ...]:
         """untimed_paths and the path of its own metrics_url: read each second by slotune

@@ -11,7 +11,7 @@ import math
 from dataclasses import KW_ONLY, dataclass, field
 from functools import cached_property
 
-from slotune.model import labels
+from slotune.model import labels, routes
 from slotune.model.histogram import BucketHistogram, Histogram, add_into, merged
 from slotune.model.sample import Key, Sample
 from slotune.model.service import ServiceSpec
@@ -145,6 +145,7 @@ def build(spec: ServiceSpec, start: float, end: float, samples: list[Sample]) ->
         for key, v in s.counters.items():
             counters[key] = counters.get(key, 0.0) + v
         gauges.update(s.gauges)
+    histograms, counters = routes.judged(spec.routes, histograms, counters)   # its routes' alone, where it has some
     latency, source, errors, rejected = None, "", 0.0, 0.0
     refused = _family(histograms, EBPF_REFUSED)
     if latency_metric:

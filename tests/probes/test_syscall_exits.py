@@ -7,6 +7,8 @@ import pytest
 
 from slotune.collectors.kernel import sockets
 from tests.probes.test_http import test_request_latency_median_and_exact_count  # noqa: F401
+from tests.probes.test_http_routes import (  # noqa: F401
+    test_counts_and_latency_by_route_and_the_window_judges_the_routes_alone)
 from tests.probes.test_http_streaming import private_host, test_nginx_echo_chunks  # noqa: F401
 from tests.probes.test_tls_records import (test_nginx_ssl,  # noqa: F401
                                            test_openssl_s_server_www_and_plaintext_beside_it,

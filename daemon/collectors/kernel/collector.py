@@ -233,7 +233,7 @@ class KernelCollector:
             prev = Histogram(earlier, float(before[1].get(key, 0))) if earlier is not None else Histogram()
             delta = cumulative.minus(prev)
             if delta.count:
-                out[names[sid]].histograms[self.key(sig, label)] = delta
+                out[names[sid]].histograms[self.key(sig, label, names[sid])] = delta
         for key, value in counts.items():
             sid, sig, label = key
             if sid not in names:
@@ -241,15 +241,15 @@ class KernelCollector:
             delta = value - before[2].get(key, 0)
             delta = value if delta < 0 else delta
             if delta:
-                out[names[sid]].counters[self.key(sig, label)] = float(delta)
+                out[names[sid]].counters[self.key(sig, label, names[sid])] = float(delta)
         for name, procs in self.targets.items():
             out[name].gauges[("processes", "")] = float(len(procs.tgids))
         return list(out.values())
 
-    def key(self, signal_id: int, label_id: int) -> tuple[str, str]:
+    def key(self, signal_id: int, label_id: int, service: str) -> tuple[str, str]:
         signal = SIGNAL_NAMES[signal_id]
         family = self.family_of.get(signal)
-        return signal, family.label(signal, label_id) if family else ""
+        return signal, family.label(signal, label_id, service) if family else ""
 
     def close(self) -> None:
         arrivals, self.arrivals = self.arrivals, None

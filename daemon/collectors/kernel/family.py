@@ -68,7 +68,8 @@ class Family:
         """Where it attaches, as `slotune probes --list` shows it."""
         return [tp for tp, _ in (*cls.tracepoints, *cls.raw_tracepoints)]
 
-    def label(self, signal: str, label_id: int) -> str:
+    def label(self, signal: str, label_id: int, service: str) -> str:
+        """A series' label from its id in the kernel's key, for one service's series."""
         return ""
 
     def refresh(self, program, targets: dict, service_ids: dict[str, int]) -> None:

@@ -26,5 +26,5 @@ class OffCpu(Family):
         self.defines = {**self.defines, **sched.layout()}
         self.raw_tracepoints = sched.points(*self.raw_tracepoints)
 
-    def label(self, signal: str, label_id: int) -> str:
+    def label(self, signal: str, label_id: int, service: str) -> str:
         return SYSCALL_CLASSES[label_id] if label_id < len(SYSCALL_CLASSES) else "other"

@@ -91,7 +91,7 @@ class Tcp(Family):
         if self.defines["TCP_PORTS_OFF"] < 0:
             self.raw_tracepoints = ()                # no on_tcp_probe in the program
 
-    def label(self, signal: str, label_id: int) -> str:
+    def label(self, signal: str, label_id: int, service: str) -> str:
         for name, peer_id in self.peer_ids.items():
             if peer_id == label_id:
                 return name

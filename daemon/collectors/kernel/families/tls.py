@@ -65,7 +65,7 @@ class Tls(Family):
         return super().attach_points() + [f"{kind}:libssl:{symbol}" for symbol in ENTRY
                                           for kind in ("uprobe", "uretprobe")]
 
-    def label(self, signal: str, label_id: int) -> str:
+    def label(self, signal: str, label_id: int, service: str) -> str:
         if signal == TLS_HANDSHAKE:
             return ""
         return DIRECTIONS[label_id] if label_id < len(DIRECTIONS) else "read"
