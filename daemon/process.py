@@ -343,6 +343,8 @@ class Daemon:
                 "goodput_rps": w.goodput if w else 0.0,
                 "errors": w.errors if w else 0.0,
                 "latency_source": w.latency_source if w else "",
+                "ttft_source": w.ttft_source if w else "",
+                "tpot_source": w.tpot_source if w else "",
                 "settings": {k: v for (name, k), v in view.settings.items() if name == svc.name},
                 "control_reachable": bool(view.reachable.get(svc.name)),
                 "attribution": exp.as_status() if exp else None,

@@ -6,9 +6,11 @@ from slotune.model.sample import Sample
 from slotune.collectors.service_metrics import parse
 from slotune.model.histogram import Histogram
 from slotune.model.service import ServiceSpec
-from slotune.model.window import EBPF_TPOT, EBPF_TTFT, Window, build, merged_latency, merged_tokens
+from slotune.model.window import EBPF_TPOT, EBPF_TTFT, Window, build, merged_latency, merged_tokens, resolves
 
-API = ServiceSpec("api", metrics_url="http://127.0.0.1:1/metrics", latency_metric="api_request_duration_seconds")
+# Its objective on a bound of its own histogram, which therefore resolves it.
+API = ServiceSpec("api", metrics_url="http://127.0.0.1:1/metrics", latency_metric="api_request_duration_seconds",
+                  slo_p99_s=1.0)
 
 EXPOSITION = """# TYPE api_request_duration_seconds histogram
 api_request_duration_seconds_bucket{outcome="ok",le="0.1"} 8
@@ -43,6 +45,33 @@ def test_the_services_own_histogram_wins_and_outcomes_are_counted():
     assert w.latency_source == "service"
     assert w.requests == 11 and w.errors == 1 and w.rejected == 4      # rejected ones are not "served"
     assert 0.1 < w.p(0.99) <= 1.0
+
+
+def test_a_histogram_resolves_an_objective_on_a_bound_or_inside_a_narrow_bucket():
+    vllm_itl = parse("""# TYPE itl histogram
+itl_bucket{le="0.01"} 5
+itl_bucket{le="0.025"} 5
+itl_bucket{le="0.05"} 5
+itl_bucket{le="0.075"} 5
+itl_bucket{le="+Inf"} 5
+itl_sum 0.02
+itl_count 5
+""")[0][("itl", "")]
+    assert resolves(vllm_itl, 0.0)                       # no objective: nothing to resolve
+    assert resolves(vllm_itl, 0.025) and resolves(vllm_itl, 0.0245)     # on a bound, within 5 %
+    assert resolves(vllm_itl, 0.06)                      # inside (0.05, 0.075], 1.5x wide
+    assert not resolves(vllm_itl, 0.005)                 # inside (0, 0.01]: a guess
+    assert not resolves(vllm_itl, 0.018)                 # inside (0.01, 0.025], 2.5x wide
+    assert not resolves(vllm_itl, 0.2)                   # over the last finite bound
+    assert resolves(Histogram.from_values([1e6]), 0.005)     # the kernel's slots always do
+
+
+def test_an_objective_its_own_histogram_cannot_resolve_is_judged_on_the_kernels():
+    coarse = ServiceSpec("api", metrics_url=API.metrics_url, latency_metric=API.latency_metric, slo_p99_s=0.3)
+    w = build(coarse, 0.0, 1.0, [service_sample(), ebpf_sample([1e6] * 3)])
+    assert w.latency_source == "ebpf" and w.requests == 3         # 0.3 s lies inside (0.1, 1.0]
+    alone = build(coarse, 0.0, 1.0, [service_sample()])
+    assert alone.latency_source == "service" and alone.requests == 11     # no kernel timing: its own, coarse
 
 
 def test_without_its_own_histogram_a_service_gets_ebpf_latency():
@@ -97,6 +126,7 @@ def test_token_timing_comes_from_the_services_own_histograms_else_the_kernel():
                        slo_ttft_p99_s=0.5, slo_tpot_p99_s=0.05)
     w = build(spec, 0.0, 1.0, [own, kernel])
     assert w.ttft.count == 5 and w.tpot.count == 40                    # its own TTFT, the kernel's gaps
+    assert (w.ttft_source, w.tpot_source) == ("service", "ebpf")
     assert (w.slo_ttft_s, w.slo_tpot_s) == (0.5, 0.05)
     assert build(ServiceSpec("llm"), 0.0, 1.0, [kernel]).ttft.count == 7
 

@@ -1,10 +1,11 @@
 """One time-aligned record per service per collection interval: every
 collector's Sample for that service merged, plus the service's end-to-end
-latency taken from its own histogram when configured, else from eBPF (whose
-429 and 503 answers are refusals, not fast answers), and for a service that
-streams tokens its time to first token (TTFT) and time per output token (TPOT)
-the same way. A Window is built once and never changed
-after: later stages share it."""
+latency, and for a service that streams tokens its time to first token (TTFT)
+and time per output token (TPOT). Each of the three is taken from the service's
+own histogram when configured and fine enough around its objective (resolves()),
+else from eBPF (whose 429 and 503 answers are refusals, not fast answers); the
+window says which (latency_source, ttft_source, tpot_source). A Window is built
+once and never changed after: later stages share it."""
 from __future__ import annotations
 
 import math
@@ -25,6 +26,13 @@ EBPF_ARRIVED: Key = (signals.HTTP_ARRIVED, "")      # requests read as they came
 EBPF_REFUSED = signals.HTTP_REFUSED                 # the 429 and 503 answers, timed apart (also in EBPF_LATENCY)
 EBPF_REFUSED_5XX: Key = (EBPF_REFUSED, "503")  # the refusals among the 5xx
 ERROR_OUTCOMES = ("error",)
+# A service's own histogram resolves an objective when one of its bounds lies within
+# 5 % of it, or two bounds at most 1.5x apart hold it: the share over the objective
+# is then read at a bound, or interpolated inside a narrow bucket. vLLM's inter-token
+# buckets start at 10 ms and its e2e buckets at 0.3 s: a 5 ms TPOT or a 250 ms
+# latency objective falls in a bucket from 0, whose share over it is a guess.
+ON_A_BOUND = 0.05
+NARROW_BUCKET = 1.5
 REJECTED_OUTCOMES = ("rejected",)
 
 
@@ -37,6 +45,8 @@ class Window:
     _: KW_ONLY                        # the rest by name: 11 fields of like types
     latency: Histogram | BucketHistogram | None = None
     latency_source: str = ""          # "service" (its own histogram) | "ebpf" | ""
+    ttft_source: str = ""             # the same for ttft and tpot
+    tpot_source: str = ""
     errors: float = 0.0
     rejected: float = 0.0
     histograms: dict[Key, Histogram | BucketHistogram] = field(default_factory=dict)
@@ -109,6 +119,28 @@ def _miss(hist, objective_s: float) -> float:
     return hist.fraction_above(objective_s) if objective_s > 0 and hist is not None and hist.count else 0.0
 
 
+def resolves(hist, objective_s: float) -> bool:
+    """Whether a service's own histogram can tell the share of values over the
+    objective (see ON_A_BOUND); any histogram resolves "no objective", and the
+    kernel's log-linear slots (Histogram) are always fine enough."""
+    if objective_s <= 0 or not isinstance(hist, BucketHistogram):
+        return True
+    bounds = [b for b in hist.bounds_s if math.isfinite(b)]
+    if any(abs(b - objective_s) <= ON_A_BOUND * objective_s for b in bounds):
+        return True
+    below = max((b for b in bounds if b < objective_s), default=0.0)
+    above = min((b for b in bounds if b > objective_s), default=math.inf)
+    return below > 0 and above / below <= NARROW_BUCKET
+
+
+def _pick(own, kernel, objective_s: float) -> tuple:
+    """(histogram, source): the service's own where it resolves the objective or the
+    kernel has none, else the kernel's."""
+    if own is not None and (kernel is None or resolves(own, objective_s)):
+        return own, "service"
+    return (kernel, "ebpf") if kernel is not None else (None, "")
+
+
 def _family(histograms: dict, name: str):
     """Every series of one histogram family merged (its labels summed away), or None."""
     return merged(h for (fam, _), h in histograms.items() if fam == name)
@@ -155,14 +187,16 @@ def build(spec: ServiceSpec, start: float, end: float, samples: list[Sample]) ->
         source = "service" if latency is not None else ""
         errors = sum(h.count for outcome, h in by_outcome if outcome in ERROR_OUTCOMES)
         rejected = sum(h.count for outcome, h in by_outcome if outcome in REJECTED_OUTCOMES)
-    if latency is None and EBPF_LATENCY in histograms:
+    if EBPF_LATENCY in histograms and (latency is None or not resolves(latency, spec.slo_p99_s)):
         latency, source, errors, rejected = _ebpf_served(histograms, counters, refused)
-    ttft = ((_family(histograms, spec.ttft_metric) if spec.ttft_metric else None)
-            or _served(histograms.get(EBPF_TTFT), refused))
-    tpot = (_family(histograms, spec.tpot_metric) if spec.tpot_metric else None) or histograms.get(EBPF_TPOT)
+    ttft, ttft_source = _pick(_family(histograms, spec.ttft_metric) if spec.ttft_metric else None,
+                              _served(histograms.get(EBPF_TTFT), refused), spec.slo_ttft_p99_s)
+    tpot, tpot_source = _pick(_family(histograms, spec.tpot_metric) if spec.tpot_metric else None,
+                              histograms.get(EBPF_TPOT), spec.slo_tpot_p99_s)
     return Window(spec.name, start, end, spec.slo_p99_s, latency=latency, latency_source=source, errors=errors,
                   rejected=rejected, histograms=histograms, counters=counters, gauges=gauges,
-                  slo_ttft_s=spec.slo_ttft_p99_s, slo_tpot_s=spec.slo_tpot_p99_s, ttft=ttft, tpot=tpot)
+                  slo_ttft_s=spec.slo_ttft_p99_s, slo_tpot_s=spec.slo_tpot_p99_s, ttft=ttft, tpot=tpot,
+                  ttft_source=ttft_source, tpot_source=tpot_source)
 
 
 def merged_latency(windows: list[Window]) -> Histogram | BucketHistogram | None:
