@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from urllib.parse import urlsplit
 
 import pytest
@@ -18,6 +19,7 @@ from slotune import config
 from slotune.commands import discover as discover_command
 from slotune.profiles import haproxy_config
 from reference_stack import launcher
+from reference_stack.engine import proxy
 from tests.actuators import real_servers
 from tests.conftest import ROOT
 from tests.stack.conftest import one_service
@@ -131,7 +133,7 @@ OUTSIDE = """frontend fe_out
 
 def accepted_by_haproxy(*args: str) -> None:
     """The config the test wrote is one real HAProxy takes (`haproxy -c` parses without binding)."""
-    check = subprocess.run([real_servers.HAPROXY, "-c", *args], capture_output=True, text=True, timeout=30)
+    check = subprocess.run([proxy.HAPROXY, "-c", *args], capture_output=True, text=True, timeout=30)
     assert check.returncode == 0, check.stdout + check.stderr
 
 
@@ -264,3 +266,21 @@ def test_a_services_own_workers_loopback_ports_are_left_out_unprobed(engine_with
     # --internal probes them too (each waits out --timeout: they never answer) and lists them
     every = discover("--timeout", "0.5", "--internal")
     assert set(workers) <= set(rows(every.stdout)) and "left out:" not in every.stdout
+
+
+def test_probing_stops_when_its_budget_is_spent():
+    """Ports that accept and never answer cost a probe's whole timeout each: 4 of them at
+    --timeout 3 would take 12 s; --budget 2 ends the probing near 2 s and says what it left."""
+    silent = [socket.create_server(("127.0.0.1", 0)) for _ in range(4)]
+    ports = [s.getsockname()[1] for s in silent]
+    try:
+        started = time.monotonic()
+        out = discover("--timeout", "3", "--budget", "2")
+        took = time.monotonic() - started
+    finally:
+        for s in silent:
+            s.close()
+    assert "not probed:" in out.stdout and "the 2 s budget was spent" in out.stdout, out.stdout + out.stderr
+    assert took < 2 + 3 + 4, took          # the budget, a probe at most, and the command's own start
+    listed = rows(out.stdout)
+    assert all(port in listed for port in ports)          # still listed, by process

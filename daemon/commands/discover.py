@@ -14,6 +14,7 @@ import http.client
 import os
 import re
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,6 +85,14 @@ def add_arguments(parser) -> None:
                              "serves its prometheus-exporter")
     parser.add_argument("--slo-ms", type=float, default=500.0, metavar="MS",
                         help="the P99 latency objective written for each service, in ms (default 500)")
+    parser.add_argument("--slo-ttft-ms", type=float, default=0.0, metavar="MS",
+                        help="the P99 time-to-first-token objective written for each token-streaming service "
+                             "(default: left as a comment)")
+    parser.add_argument("--slo-tpot-ms", type=float, default=0.0, metavar="MS",
+                        help="the P99 time-per-output-token objective, likewise")
+    parser.add_argument("--budget", type=float, default=10.0, metavar="S",
+                        help="seconds for probing all ports together (default 10): ports left when it is spent "
+                             "are named by their process only")
 
 
 def listeners() -> list[Listener]:
@@ -268,11 +277,13 @@ def _not_utf8(text: str) -> bool:
     return any("\ud800" <= c <= "\udfff" for c in text)
 
 
-def starter(picked: list[Listener], slo_ms: float = 500.0) -> str:
+def starter(picked: list[Listener], slo_ms: float = 500.0, token_slos_ms: dict[str, float] | None = None) -> str:
     """A slotune.toml that `slotune run` accepts as it is: each service found by its port,
     read through its profile, with its P99 objective; tuned by the throttle where its own
     config says where its concurrency limit is set, else how to let slotune tune it is
-    left in comments."""
+    left in comments. token_slos_ms: {"ttft": ms, "tpot": ms} written for the profiles
+    that stream tokens; an objective not given is left as a comment."""
+    token_slos_ms = token_slos_ms or {}
     out = ["# Written by `slotune discover`. Each service is found by its port: anyone may listen",
            "# there while it is down, so add systemd_unit or cgroup (README, Safety). Keys: docs/daemon.md;",
            "# what slotune reads of each profile and can push: docs/targets.md.", ""]
@@ -286,7 +297,8 @@ def starter(picked: list[Listener], slo_ms: float = 500.0) -> str:
         out += [f"{key} = {toml_string(fam)}" for key, fam in _own_families(s, p).items()]
         out.append(f"slo_p99_ms = {slo_ms:g}")
         if p is not None:
-            out += [f"# {key} = {slo_ms:g}" for slo, key in profiles.SLO_KEYS.items() if slo != "p99" and slo in p.slos]
+            out += [f"{key} = {token_slos_ms[slo]:g}" if token_slos_ms.get(slo) else f"# {key} = {slo_ms:g}"
+                    for slo, key in profiles.SLO_KEYS.items() if slo != "p99" and slo in p.slos]
             out += [f"# {printable(s.process)}'s config: {printable(' '.join(hint.split()))}" for hint in s.hints]
             out += _control(s, s.admission, p) if s.admission is not None else _control_hint(s, p)
         out.append("")
@@ -376,13 +388,18 @@ def run(args) -> int:
     found, own = listeners(), netns_of(os.getpid())
     internal: dict[str, list[Listener]] = {}      # service -> its child processes' loopback ports
     above = {s.pid: set(ancestors(s.pid)) for s in found}      # each process's parents, read once
+    deadline, unprobed = time.monotonic() + args.budget, 0
     for listener in sorted(found, key=lambda s: (len(above[s.pid]), s.loopback_only, s.port)):   # parents first
+        left_s = deadline - time.monotonic()
+        probed = not args.no_probe and listener.netns == own and listener.process not in NOT_HTTP
         if not args.internal and (service := internal_to(listener, found, above[listener.pid])) is not None:
             internal.setdefault(f"{printable(service.process)}[{service.pid}]", []).append(listener)
-        elif not args.no_probe and listener.netns == own and listener.process not in NOT_HTTP:
-            probe(listener, args.timeout, (*args.metrics_path, *PROBE_PATHS))
-        elif (by_name := by_process(listener)) is not None:
-            listener.profile = by_name.name
+        elif probed and left_s > 0:
+            probe(listener, min(args.timeout, left_s), (*args.metrics_path, *PROBE_PATHS))
+        else:
+            unprobed += probed
+            if (by_name := by_process(listener)) is not None:
+                listener.profile = by_name.name
     left_out = {id(s) for ports in internal.values() for s in ports}
     found = [s for s in found if id(s) not in left_out]
     for s in found:
@@ -391,6 +408,9 @@ def run(args) -> int:
     _share_metrics(found)
     name_them(found)
     print(table(found))
+    if unprobed:
+        print(f"not probed: {unprobed} port(s) left when the {args.budget:g} s budget was spent, named by their "
+              "process only; --budget raises it")
     for parent, ports in internal.items():
         print(f"left out: {len(ports)} loopback port(s) of {parent}'s child processes, its own workers' "
               f"({', '.join(str(s.port) for s in sorted(ports, key=lambda s: s.port))}); --internal lists them")
@@ -406,7 +426,7 @@ def run(args) -> int:
     if not picked:
         print("\nnothing recognised to write a config for: pick services by name or port with --pick", file=sys.stderr)
         return 1
-    text = starter(picked, args.slo_ms)
+    text = starter(picked, args.slo_ms, {"ttft": args.slo_ttft_ms, "tpot": args.slo_tpot_ms})
     if not args.write:
         print("\n" + text)
         return 0
