@@ -1,5 +1,8 @@
 """Throttle tuner: a concurrency limit (and for the whitepaper rule, a rate limit)
 that keeps a service's P99 latency under its SLO while carrying as much load as it can.
+A service that declares a TTFT objective is steered on its time to first token
+instead: a request admitted late waits before its first token, and a stream's length
+is the user's, not a queue's.
 
 Settings it changes: "concurrency_limit" (requests in flight; slotune, Gradient2,
 Vegas, Envoy) and "rate_limit_rps" (the whitepaper's token-bucket AIMD).
@@ -59,6 +62,26 @@ def _wp_decide(state: RateState, obs: Observation):
     rate = clamp(state.rate * factor, *RATE_BOUNDS)
     why = f"P99 {obs.p99_s * 1e3:.0f} ms {'>' if factor < 1 else '<='} SLO {obs.slo_s * 1e3:.0f} ms: rate x{factor}"
     return RateState(rate), Decision(changed(state.rate, rate, "rate_limit_rps"), why)
+
+
+# --- the whitepaper's rule on a concurrency limit, for a proxy whose knob is its connections
+# (HAProxy's server maxconn): limit x0.9 when P99 > SLO else x1.1, every second
+@dataclass(frozen=True)
+class AimdState:
+    limit: float
+
+
+def _aimd_init(settings):
+    return AimdState(_limit_init(settings))
+
+
+def _aimd_decide(state: AimdState, obs: Observation):
+    if _idle(obs):
+        return state, Decision({}, "no completed requests")
+    over = obs.p99_s > obs.slo_s
+    limit = clamp(state.limit * 0.9 if over else max(state.limit * 1.1, state.limit + 1), *LIMIT_BOUNDS)
+    why = f"P99 {obs.p99_s * 1e3:.0f} ms {'>' if over else '<='} SLO {obs.slo_s * 1e3:.0f} ms: limit x{0.9 if over else 1.1}"
+    return AimdState(limit), Decision(changed(state.limit, limit, "concurrency_limit"), why)
 
 
 # --- Netflix concurrency-limits Gradient2Limit (defaults: smoothing 0.2, rttTolerance 1.5,
@@ -294,6 +317,8 @@ POLICIES = {name: _needs_a_limit(policy) for name, policy in {
     "slotune": Policy("slotune", "concurrency limit steered by queue-wait P99 vs the SLO left after service time",
                       _slotune_init, _slotune_decide, fields=LIMIT_FIELDS),
     "whitepaper": Policy("whitepaper", "rate x0.9 if P99 > SLO else x1.1, every second", _wp_init, _wp_decide, fields=RATE_FIELDS),
+    "aimd": Policy("aimd", "limit x0.9 if P99 > SLO else x1.1 (+1 at least), every second", _aimd_init,
+                   _aimd_decide, fields=LIMIT_FIELDS),
     "gradient2": Policy("gradient2", "Netflix Gradient2Limit, published defaults", _g2_init, _g2_decide, fields=LIMIT_FIELDS),
     "vegas": Policy("vegas", "Netflix VegasLimit, published defaults", _vegas_init, _vegas_decide, fields=LIMIT_FIELDS),
     "envoy": Policy("envoy", "Envoy adaptive concurrency gradient controller, published defaults",
@@ -302,15 +327,22 @@ POLICIES = {name: _needs_a_limit(policy) for name, policy in {
 
 
 def observe(i: Inputs) -> Observation:
-    """The interval's latency, rates and queue wait; in flight as the service says, else by
-    Little's law; and whether a dimmer beside it can still degrade (it goes first)."""
-    hist = i.span.latency
+    """The interval's latency (its TTFT, where the service declares a TTFT objective), rates
+    and queue wait; in flight as the service says, else by Little's law; and whether a dimmer
+    beside it can still degrade (it goes first). On TTFT no queue wait is read apart: the
+    first token is queue and prefill, and an engine's own queue histogram is coarse there
+    (vLLM's starts at 0.3 s), so all of its P99 counts as queue."""
+    spec = i.conf.spec
+    on_ttft = spec.slo_ttft_p99_s > 0
+    hist = i.span.ttft if on_ttft else i.span.latency
     completed = i.rate(lambda w: w.requests)
     in_flight = i.gauge_max("_inflight_requests")
     if in_flight is None:  # Little's law when the service does not say
-        in_flight = completed * (hist.mean() if hist is not None and hist.count else 0.0)
+        whole = i.span.latency
+        in_flight = completed * (whole.mean() if whole is not None and whole.count else 0.0)
     return Observation(
-        now=i.now, slo_s=i.conf.spec.slo_p99_s, p50_s=i.quantile(hist, 0.5), p90_s=i.quantile(hist, 0.9),
-        p99_s=i.quantile(hist, 0.99), arrival_rps=i.rate(lambda w: w.requests + w.rejected), completed_rps=completed,
-        goodput_rps=i.rate(lambda w: w.goodput * w.seconds), rejected_rps=i.rate(lambda w: w.rejected),
-        in_flight=float(in_flight), queue_p99_s=i.queue_p99(), degrade_room=degrade.room(i))
+        now=i.now, slo_s=spec.slo_ttft_p99_s if on_ttft else spec.slo_p99_s, p50_s=i.quantile(hist, 0.5),
+        p90_s=i.quantile(hist, 0.9), p99_s=i.quantile(hist, 0.99), arrival_rps=i.rate(lambda w: w.requests + w.rejected),
+        completed_rps=completed, goodput_rps=i.rate(lambda w: w.goodput * w.seconds),
+        rejected_rps=i.rate(lambda w: w.rejected), in_flight=float(in_flight),
+        queue_p99_s=None if on_ttft else i.queue_p99(), degrade_room=degrade.room(i))

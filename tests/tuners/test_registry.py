@@ -7,7 +7,7 @@ from slotune.tuners import TUNERS, policy
 from slotune.tuners.base import Decision
 
 EXPECTED = {
-    "throttle": {"slotune", "whitepaper", "gradient2", "vegas", "envoy"},
+    "throttle": {"slotune", "whitepaper", "aimd", "gradient2", "vegas", "envoy"},
     "batch": {"slotune", "whitepaper", "clipper_aimd", "triton"},
     "sampling": {"slotune", "whitepaper", "jaeger"},
     "breaker": {"slotune", "whitepaper", "pybreaker", "resilience4j"},
@@ -39,8 +39,8 @@ def test_unknown_tuner_is_named_with_the_valid_ones():
 
 
 def test_unknown_policy_is_named_with_the_valid_ones():
-    with pytest.raises(ValueError, match=r"unknown policy 'aimd' for tuner 'throttle'.*slotune, whitepaper, gradient2"):
-        policy("throttle", "aimd")
+    with pytest.raises(ValueError, match=r"unknown policy 'pid' for tuner 'throttle'.*slotune, whitepaper, aimd, gradient2"):
+        policy("throttle", "pid")
 
 
 def test_missing_setting_is_named():

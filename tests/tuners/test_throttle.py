@@ -26,6 +26,17 @@ def test_whitepaper_aimd_rate():
     assert math.isclose(d.changes["rate_limit_rps"], 99.0)
 
 
+def test_whitepaper_rule_on_a_concurrency_limit():
+    s = P["aimd"].initial_state({"concurrency_limit": 40})
+    s, d = P["aimd"].decide(s, obs(p99=0.5))
+    assert d.changes == {"concurrency_limit": 36.0}
+    s, d = P["aimd"].decide(s, obs(p99=0.1))
+    assert math.isclose(d.changes["concurrency_limit"], 39.6)
+    s, d = P["aimd"].decide(P["aimd"].initial_state({"concurrency_limit": 2}), obs(p99=0.1))
+    assert d.changes == {"concurrency_limit": 3.0}                 # +1 at least: a limit of 2 grows too
+    assert P["aimd"].decide(s, obs(completed=0.0, p50=0.0))[1].changes == {}
+
+
 def test_gradient2_formula():
     g = P["gradient2"]
     s = g.initial_state({"concurrency_limit": 20})
