@@ -2,11 +2,15 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup test demo bench doctor
+.PHONY: setup engine test demo bench doctor
 setup:
 	bash scripts/setup.sh
 
-test: setup
+# vLLM's CPU build and a tiny model, for the tests and demo that run a real engine.
+engine: setup
+	bash scripts/engine.sh
+
+test: setup engine
 	$(PY) -m pytest -ra --durations=15
 
 # The agent stack under a load step, then the inference server in LLM mode under a

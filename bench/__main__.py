@@ -24,9 +24,10 @@ BENCHES = {
     "soak": "an hour of diurnal load with SIGHUPs and gateway restarts: daemon RSS, fds, logs (~62 min)",
     "closed_loop": "the real stack under a load step and a diurnal day: shipped, whitepaper, slotune, oracle arms (~25 min)",
     "llm_tuning": "the continuous-batch tuner against the LLM server's defaults on the real stack (~15 min)",
+    "engine_loop": "a real HAProxy before a real vLLM under a load step: none, static, aimd, slotune arms (~13 min)",
 }
 # too long for every `make bench`, or a demonstration more than a figure: run by name
-ON_REQUEST = {"soak", "closed_loop", "llm_tuning"}
+ON_REQUEST = {"soak", "closed_loop", "llm_tuning", "engine_loop"}
 
 
 def main(argv: list[str]) -> int:

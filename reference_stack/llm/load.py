@@ -62,7 +62,7 @@ class LlmRecord:
     status: int                   # HTTP status, 0 when no answer
     prompt_tokens: int            # as sent (bytes of the prompt text; the chat template adds its own)
     max_tokens: int
-    output_tokens: int            # token events received
+    output_tokens: int            # tokens received: the usage event's count, else the token events
     gaps_s: list[float] = field(default_factory=list)   # between successive token events
     error: str = ""
 
@@ -83,7 +83,10 @@ def prompt_text(rng: np.random.Generator, tokens: int) -> str:
 
 
 async def _read_stream(response: aiohttp.ClientResponse, record: LlmRecord, sent: float) -> None:
-    times = []
+    """Times each event that carries choices; the tokens are those events, or the count a
+    final usage event gives (OpenAI's stream_options include_usage), which is right where
+    a server sends several tokens in one event (vLLM's API server, behind its engine)."""
+    times, usage = [], None
     async for line in response.content:
         if not line.startswith(b"data: "):
             continue
@@ -96,7 +99,9 @@ async def _read_stream(response: aiohttp.ClientResponse, record: LlmRecord, sent
             break
         if chunk.get("choices"):
             times.append(now)
-    record.output_tokens = len(times)
+        elif isinstance(chunk.get("usage"), dict):
+            usage = chunk["usage"].get("completion_tokens")
+    record.output_tokens = usage if isinstance(usage, int) else len(times)
     if times:
         record.ttft_s, record.e2e_s = times[0] - sent, times[-1] - sent
         record.gaps_s = [b - a for a, b in zip(times, times[1:])]
@@ -105,9 +110,11 @@ async def _read_stream(response: aiohttp.ClientResponse, record: LlmRecord, sent
 async def generate_llm_load(url: str, rate: float, duration_s: float, prompt: Lengths, output: Lengths,
                             model: str = "reference-decoder", profile: str = "constant", arrivals: str = "poisson",
                             burstiness: float = 0.25, max_inflight: int = 512, timeout_s: float = 60.0,
-                            bad_share: float = 0.0, seed: int = 1) -> list[LlmRecord]:
+                            bad_share: float = 0.0, seed: int = 1, extra: dict | None = None) -> list[LlmRecord]:
     """Drive url (a server's /v1/completions or /v1/chat/completions) open loop with streaming requests;
-    `bad_share` of them name an unknown model on purpose (an error answer). One record per arrival."""
+    `bad_share` of them name an unknown model on purpose (an error answer); `extra`: more fields for
+    every request's body (vLLM's {"ignore_eos": True}, so that each answer has its max_tokens). One
+    record per arrival."""
     if not 0 <= bad_share <= 1:
         raise ValueError(f"bad_share={bad_share} must be in [0, 1]")
     chat = urlparse(url).path.rstrip("/").endswith("/chat/completions")
@@ -120,7 +127,8 @@ async def generate_llm_load(url: str, rate: float, duration_s: float, prompt: Le
 
     async def one(session, i, t_s, t_abs):
         body = {"model": "no-such-model" if bad[i] else model, "max_tokens": int(outputs[i]), "stream": True,
-                **({"messages": [{"role": "user", "content": texts[i]}]} if chat else {"prompt": texts[i]})}
+                **({"messages": [{"role": "user", "content": texts[i]}]} if chat else {"prompt": texts[i]}),
+                **(extra or {})}
         sent = time.monotonic()
         record = LlmRecord(t_s, sent - t_abs, math.nan, math.nan, 0, len(texts[i]), int(outputs[i]), 0)
         try:

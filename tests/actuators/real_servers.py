@@ -14,32 +14,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from reference_stack.engine import proxy
+from reference_stack.engine.proxy import show_stat, wait_port
+from reference_stack.launcher import free_ports
 from slotune.actuators.nginx import workers as nginx_workers
 
 NGINX = "/usr/sbin/nginx"
-HAPROXY = "/usr/sbin/haproxy"
-
-
-def _wait_port(port: int, proc: subprocess.Popen | None, what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with status {proc.returncode}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not listen on {port} within {timeout:g} s")
-        time.sleep(0.05)
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 @contextlib.contextmanager
@@ -48,7 +28,7 @@ def listening(argv: list[str], port: int, log: Path, **popen):
     with open(log, "ab") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, **popen)
     try:
-        _wait_port(port, proc, argv[0])
+        wait_port(port, proc, argv[0])
         yield port
     finally:
         proc.terminate()
@@ -58,7 +38,7 @@ def listening(argv: list[str], port: int, log: Path, **popen):
 @contextlib.contextmanager
 def redis(folder: Path):
     """Debian's redis-server on a free port, persisting nothing, its files in folder: yields the port."""
-    port, = _free_ports(1)
+    port, = free_ports(1)
     with listening(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(folder)],
                    port, folder / "redis.log"):
         yield port
@@ -66,77 +46,17 @@ def redis(folder: Path):
 
 def haproxy_stat(sock: str, proxy: str, server: str) -> dict[str, str]:
     """One row of HAProxy's `show stat`, read straight off its socket (independently of the actuator)."""
-    with socket.socket(socket.AF_UNIX) as s:
-        s.connect(sock)
-        s.sendall(b"show stat\n")
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    lines = data.decode().splitlines()
-    header = lines[0].removeprefix("# ").split(",")
-    for line in lines[1:]:
-        row = line.split(",")
-        if row[:2] == [proxy, server]:
-            return dict(zip(header, row))
-    raise KeyError(f"{proxy}/{server} not in show stat")
-
-
-@dataclass
-class Haproxy:
-    proc: subprocess.Popen
-    socket: str
-    port: int        # the frontend's
-    folder: Path
-    metrics_url: str  # its Prometheus exporter, on a frontend of its own
-
-    def stat(self, proxy: str, server: str) -> dict[str, str]:
-        return haproxy_stat(self.socket, proxy, server)
+    return show_stat(sock, proxy, server)
 
 
 @contextlib.contextmanager
 def haproxy(folder: Path, backend_port: int, maxconn: int = 64, *, queue_timeout_ms: int = 60_000):
-    """HAProxy in front of 127.0.0.1:backend_port: frontend fe_main -> backend be_app, server app
-    with `maxconn` (a request that waits longer than queue_timeout_ms for it gets HAProxy's 503),
-    an admin stats socket at folder/admin.sock and its
-    Prometheus exporter on a frontend of its own (metrics_url)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    port, stats_port = _free_ports(2)
-    sock = folder / "admin.sock"
-    (folder / "haproxy.cfg").write_text(f"""global
-    stats socket {sock} mode 600 level admin
-    maxconn 2000
-defaults
-    mode http
-    timeout connect 2s
-    timeout client 60s
-    timeout server 60s
-    timeout queue {queue_timeout_ms}ms
-frontend fe_main
-    bind 127.0.0.1:{port}
-    maxconn 1000
-    default_backend be_app
-frontend fe_stats
-    bind 127.0.0.1:{stats_port}
-    http-request use-service prometheus-exporter
-backend be_app
-    server app 127.0.0.1:{backend_port} maxconn {maxconn}
-""")
-    proc = subprocess.Popen([HAPROXY, "-W", "-db", "-f", str(folder / "haproxy.cfg")],
-                            stdout=open(folder / "haproxy.log", "ab"), stderr=subprocess.STDOUT)
-    try:
-        _wait_port(port, proc, "haproxy")
-        deadline = time.monotonic() + 10
-        while not sock.exists():
-            assert time.monotonic() < deadline, "haproxy made no stats socket"
-            time.sleep(0.05)
-        yield Haproxy(proc, str(sock), port, folder, f"http://127.0.0.1:{stats_port}/metrics")
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+    """The reference stack's HAProxy (reference_stack/engine/proxy.py) in front of
+    127.0.0.1:backend_port: frontend fe_main -> backend be_app, server app with `maxconn`
+    (a request that waits longer than queue_timeout_ms for it gets HAProxy's 503)."""
+    with proxy.haproxy(folder, backend_port, maxconn, queue_timeout_ms=queue_timeout_ms, backend="be_app",
+                       server="app") as h:
+        yield h
 
 
 @dataclass
@@ -196,7 +116,7 @@ def nginx(folder: Path, include_text: str, *, delay_s: float = 0.2, debian: bool
     in a folder of its own under folder: the include in conf.d/, the logs in log/ (www-data:adm
     0640), the pid file in run/; and a second listen on a free port below 1024, like Debian's 80."""
     folder.mkdir(parents=True, exist_ok=True)
-    port, = _free_ports(1)
+    port, = free_ports(1)
     conf_d, logs, run = (folder / "conf.d", folder / "log", folder / "run") if debian else (folder,) * 3
     if debian:
         conf_d.mkdir(exist_ok=True)
@@ -239,7 +159,7 @@ http {{
         while not pid_file.exists():
             assert time.monotonic() < deadline, "nginx wrote no pid file"
             time.sleep(0.05)
-        _wait_port(port, None, "nginx")
+        wait_port(port, None, "nginx")
         ng = Nginx(int(pid_file.read_text()), conf, include, port, access, folder, pid_file)
         while not ng.workers():     # the master listens and writes its pid file before it forks one
             assert time.monotonic() < deadline, "nginx's master started no worker"

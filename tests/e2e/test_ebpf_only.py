@@ -29,7 +29,8 @@ from slotune.control.observations import Inputs
 from slotune.model import window
 from slotune.model.service import ServiceSpec
 from tests.actuators import real_servers
-from tests.actuators.real_servers import _free_ports, nginx
+from reference_stack.launcher import free_ports
+from tests.actuators.real_servers import nginx
 from tests.conftest import ROOT
 from tests.e2e.conftest import daemon_table
 from tests.e2e.plain_app import SLEEP_S
@@ -41,7 +42,7 @@ RATE, SNAPSHOTS = 60.0, 3     # requests/s, 3 /sleep for each /cache; a snapshot
 
 @pytest.fixture
 def app_port(redis_port, tmp_path):
-    port, = _free_ports(1)
+    port, = free_ports(1)
     with real_servers.listening([sys.executable, "-m", "uvicorn", "tests.e2e.plain_app:app", "--port", str(port), "--workers", "1",
                      "--no-access-log"], port, tmp_path / "uvicorn.log", cwd=ROOT,
                     env={**os.environ, "REDIS_PORT": str(redis_port)}):

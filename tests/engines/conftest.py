@@ -1,0 +1,89 @@
+"""A real vLLM (its CPU build, from scripts/engine.sh) serving the tiny model on a
+free loopback port, started once for the engine tests and stopped after them; and
+what the tests read of it: its own /metrics, parsed with prometheus_client's parser."""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import urllib.request
+from dataclasses import dataclass
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from reference_stack.engine import serve
+from reference_stack.launcher import free_ports
+from tests.probes.conftest import kernel  # noqa: F401  (the live-kernel collector fixture)
+
+NO_EOS = {"ignore_eos": True}     # every answer exactly max_tokens long: the tiny model's text is noise
+
+
+@dataclass(frozen=True)
+class Engine:
+    port: int
+    pid: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def metrics(self) -> dict[str, float]:
+        """Its /metrics page: each sample's value by name and labels, as "name{k=v,...}"."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        return {f"{s.name}{{{','.join(f'{k}={v}' for k, v in sorted(s.labels.items()))}}}": s.value
+                for f in text_string_to_metric_families(text) for s in f.samples}
+
+    def total(self, name: str, **where: str) -> float:
+        """A sample summed over the label sets that have `where`'s values."""
+        return sum(v for k, v in self.metrics().items() if k.partition("{")[0] == name
+                   and all(f"{lk}={lv}" in k for lk, lv in where.items()))
+
+
+@pytest.fixture(scope="package")
+def engine(tmp_path_factory):
+    if why := serve.missing():
+        pytest.skip(why)
+    port, = free_ports(1)
+    with serve.vllm(tmp_path_factory.mktemp("vllm"), port, *serve.SMALL_ENGINE) as proc:
+        yield Engine(port, proc.pid)
+
+
+@contextlib.contextmanager
+def realtime(priority: int = 10):
+    """The calling thread at SCHED_FIFO `priority` for the block: a streaming client's clock
+    that a busy host's run queue does not make late (its reads wake it at once; it waits in
+    epoll the rest of the time, so it takes no CPU from the server it times)."""
+    before = os.sched_getscheduler(0), os.sched_getparam(0)
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+    try:
+        yield
+    finally:
+        os.sched_setscheduler(0, before[0], before[1])
+
+
+@contextlib.contextmanager
+def scraping(engine: Engine, paths=("/metrics", "/health"), every_s: float = 0.5):
+    """GETs of paths every every_s in a thread, as slotune and Prometheus (each once a
+    second or less) and a health check do, for the length of the block; yields the list
+    of the statuses they got. Rendering vLLM's /metrics takes its API server a few ms,
+    in which a new request waits in its socket unread: time the kernel, which starts at
+    the read, does not see and the client does."""
+    got: list[int] = []
+    stop = threading.Event()
+
+    def loop():
+        while not stop.wait(every_s):
+            for path in paths:
+                with contextlib.suppress(OSError), urllib.request.urlopen(engine.url + path, timeout=5) as r:
+                    r.read()
+                    got.append(r.status)
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    try:
+        yield got
+    finally:
+        stop.set()
+        t.join(10)
