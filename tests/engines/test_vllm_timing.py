@@ -2,7 +2,8 @@
 client's own clock and vLLM's own counters: time to the first token, the gaps
 between SSE writes and the whole response, P50 within 10 %; requests counted
 exactly while /metrics and /health are read twice a second (the daemon's
-scrapes and a health check are untimed paths, never a service's requests).
+scrapes and a health check are untimed paths, never a service's requests); and the
+mean time per output token against vLLM's own request_time_per_output_token.
 
 A kernel gap is the time between two body writes. vLLM writes each SSE event on its
 own: one a token (text "" while a token's bytes end inside a UTF-8 character; the
@@ -17,10 +18,13 @@ part (0.8-1.2 ms here) at 7-9 %. The client runs at real-time priority (realtime
 beside a busy CPU its late reads made its first token 20-60 % longer than the kernel's."""
 from __future__ import annotations
 
+import numpy as np
+
 from reference_stack.engine.serve import SERVED_NAME
 from reference_stack.llm.load import Lengths, run_llm_load
 from slotune.model.service import ServiceSpec
 from tests.engines.conftest import NO_EOS, realtime, scraping
+from tests.probes.agreement import record
 from tests.probes.conftest import collected, hist
 from tests.probes.test_http_streaming import agree
 
@@ -33,6 +37,8 @@ def test_kernel_timing_agrees_with_the_client_and_counts_match_vllms(kernel, eng
     collector = kernel([spec], ["http"])
     collected(collector)
     finished = engine.total("vllm:request_success_total")
+    tpot_before = (engine.total("vllm:request_time_per_output_token_seconds_sum"),
+                   engine.total("vllm:request_time_per_output_token_seconds_count"))
     with scraping(engine) as scrapes, realtime():
         streams = run_llm_load(engine.url + "/v1/completions", 2.0, 8.0, Lengths(900, 0, 900, "fixed"),
                                Lengths(TOKENS, 0, TOKENS, "fixed"), model=SERVED_NAME, extra=NO_EOS, seed=5)
@@ -46,3 +52,15 @@ def test_kernel_timing_agrees_with_the_client_and_counts_match_vllms(kernel, eng
     gaps = hist(h, ("http_write_gap", ""))
     assert gaps.count == sum(len(r.gaps_s) + 1 for r in streams)          # and one to [DONE] each
     agree("write gap", "vLLM", gaps, [g for r in streams for g in r.gaps_s], 0.10, count=gaps.count - len(streams))
+    # TPOT per request, (last token - first) / (tokens - 1): vLLM's own mean (its histogram's
+    # exact sum over its count), the client's, and the kernel's mean gap (its exact sum)
+    sum_s = engine.total("vllm:request_time_per_output_token_seconds_sum") - tpot_before[0]
+    count = engine.total("vllm:request_time_per_output_token_seconds_count") - tpot_before[1]
+    own = sum_s / count
+    client = float(np.mean([(r.e2e_s - r.ttft_s) / (TOKENS - 1) for r in streams]))
+    print(f"TPOT mean: vLLM's own {own * 1e3:.2f} ms ({count:.0f} requests), client {client * 1e3:.2f} ms, "
+          f"kernel mean gap {gaps.mean() * 1e3:.2f} ms")
+    record("TPOT mean per request (vLLM)", "vLLM's request_time_per_output_token", client * 1e3, own * 1e3, "ms",
+           "within 10 %")
+    assert count == len(streams)
+    assert abs(client - own) <= 0.10 * own and abs(gaps.mean() - own) <= 0.15 * own
