@@ -120,7 +120,7 @@ class SampleExporter:
         names: dict[str, dict[str, None]] = {}      # each family's label names: any of its series has them
         for signal, service, label in (*hists, *counters, *gauges):
             row = SIGNALS[signal]
-            names.setdefault(signal, dict.fromkeys(labels(row, "", ""))).update(labels(row, service, label))
+            names.setdefault(signal, dict.fromkeys(labels(row, "", ""))).update(dict.fromkeys(labels(row, service, label)))
 
         def family(signal):
             row = SIGNALS[signal]
