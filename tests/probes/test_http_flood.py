@@ -6,7 +6,6 @@ timed, and every flood request that is not (its connection evicted before its
 response was over) is counted in slotune_bpf_map_evicted_total{map="http_conns"},
 and nothing more but the held requests' connections (evicted, then put back)."""
 import http.client
-import select
 import socket
 import threading
 import time
@@ -24,11 +23,17 @@ KEY = ("http_request", "")
 
 
 def line_from(proc, deadline_s: float = 60.0) -> str:
-    """The worker's next line, failing the test if none comes in time (a poll: beside
-    stress-ng --cpu 2 a worker once took over 10 s to start and say its port)."""
-    ready, _, _ = select.select([proc.stdout], [], [], deadline_s)
-    assert ready, "the worker said nothing in time"
-    return proc.stdout.readline().strip()
+    """The worker's next line, failing the test if none comes in time (beside stress-ng
+    --cpu 2 a worker once took over 10 s to start and say its port). Read by readline()
+    on a thread, not after select() on the pipe: two lines that arrive together (the held
+    handlers print at once) leave the second in the text stream's buffer, where select()
+    does not see it, and a clean-clone CI run on 2026-12-07 waited 60 s for it."""
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(deadline_s)
+    assert got, "the worker said nothing in time"
+    return got[0].strip()
 
 
 def evicted(collector) -> dict[str, float]:
