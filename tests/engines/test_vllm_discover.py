@@ -7,8 +7,6 @@ histogram where its bounds resolve the TTFT objective (a bound at 1 s).
 The truth is the streaming client's own clock."""
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -18,7 +16,7 @@ from reference_stack.engine.serve import SERVED_NAME
 from reference_stack.launcher import free_ports
 from reference_stack.llm.load import Lengths, run_llm_load
 from slotune.collectors.service_metrics import parse
-from tests.conftest import ROOT
+from tests.conftest import run_slotune
 from tests.e2e.conftest import daemon_table, start_daemon
 from tests.engines.conftest import NO_EOS, realtime
 
@@ -33,17 +31,13 @@ def counters(daemon, service: str) -> dict[str, float]:
 
 def vllm_gaps(engine):
     """vLLM's own inter-token histogram, as the daemon's parser reads it."""
-    import urllib.request
-    with urllib.request.urlopen(engine.url + "/metrics", timeout=10) as r:
-        hists = parse(r.read().decode())[0]
-    return next(h for (fam, _), h in hists.items() if fam == "vllm:inter_token_latency_seconds")
+    return next(h for (fam, _), h in parse(engine.page())[0].items() if fam == "vllm:inter_token_latency_seconds")
 
 
 def test_discovers_config_judges_a_5_ms_tpot_objective_on_the_kernels_gaps(engine, tmp_path, root_only):
     written = tmp_path / "discovered.toml"
-    found = subprocess.run([sys.executable, "-m", "slotune.cli", "discover", "--pick", str(engine.port),
-                            "--slo-ms", "2000", "--slo-ttft-ms", "1000", "--slo-tpot-ms", "5", "--write", str(written)],
-                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    found = run_slotune("discover", "--pick", str(engine.port), "--slo-ms", "2000", "--slo-ttft-ms", "1000",
+                        "--slo-tpot-ms", "5", "--write", str(written))
     assert found.returncode == 0, found.stdout + found.stderr
     text = written.read_text()
     assert 'profile = "vllm"' in text and "slo_tpot_p99_ms = 5\n" in text, text

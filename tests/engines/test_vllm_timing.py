@@ -29,6 +29,8 @@ from tests.probes.conftest import collected, hist
 from tests.probes.test_http_streaming import agree
 
 TOKENS = 16
+COUNTERS = ("vllm:request_success_total", "vllm:request_time_per_output_token_seconds_sum",
+            "vllm:request_time_per_output_token_seconds_count")
 
 
 def test_kernel_timing_agrees_with_the_client_and_counts_match_vllms(kernel, engine):
@@ -36,16 +38,15 @@ def test_kernel_timing_agrees_with_the_client_and_counts_match_vllms(kernel, eng
                        untimed_paths=("/health",))
     collector = kernel([spec], ["http"])
     collected(collector)
-    finished = engine.total("vllm:request_success_total")
-    tpot_before = (engine.total("vllm:request_time_per_output_token_seconds_sum"),
-                   engine.total("vllm:request_time_per_output_token_seconds_count"))
+    before = engine.totals(*COUNTERS)
     with scraping(engine) as scrapes, realtime():
         streams = run_llm_load(engine.url + "/v1/completions", 2.0, 8.0, Lengths(900, 0, 900, "fixed"),
                                Lengths(TOKENS, 0, TOKENS, "fixed"), model=SERVED_NAME, extra=NO_EOS, seed=5)
     sample = collected(collector)["vllm"]
     assert streams and all(r.status == 200 and not r.error and r.output_tokens > 1 for r in streams), streams[:3]
     assert len(scrapes) >= 20 and set(scrapes) == {200}, scrapes
-    assert engine.total("vllm:request_success_total") - finished == len(streams)      # vLLM's own count
+    finished, sum_s, count = (a - b for a, b in zip(engine.totals(*COUNTERS), before))
+    assert finished == len(streams)      # vLLM's own count
     h = sample.histograms
     agree("first byte", "vLLM", hist(h, ("http_first_byte", "")), [r.ttft_s for r in streams], 0.10)
     agree("whole response", "vLLM", hist(h, ("http_request", "")), [r.e2e_s for r in streams], 0.10)
@@ -54,8 +55,6 @@ def test_kernel_timing_agrees_with_the_client_and_counts_match_vllms(kernel, eng
     agree("write gap", "vLLM", gaps, [g for r in streams for g in r.gaps_s], 0.10, count=gaps.count - len(streams))
     # TPOT per request, (last token - first) / (tokens - 1): vLLM's own mean (its histogram's
     # exact sum over its count), the client's, and the kernel's mean gap (its exact sum)
-    sum_s = engine.total("vllm:request_time_per_output_token_seconds_sum") - tpot_before[0]
-    count = engine.total("vllm:request_time_per_output_token_seconds_count") - tpot_before[1]
     own = sum_s / count
     client = float(np.mean([(r.e2e_s - r.ttft_s) / (TOKENS - 1) for r in streams]))
     print(f"TPOT mean: vLLM's own {own * 1e3:.2f} ms ({count:.0f} requests), client {client * 1e3:.2f} ms, "
