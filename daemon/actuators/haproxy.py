@@ -3,7 +3,10 @@ a Unix path or HOST:PORT, at level admin): `set maxconn server|frontend|global`
 and `set rate-limit sessions|connections global`, one command per connection as
 the socket's non-interactive mode has it. A push reads every value back (`show
 stat` column slim, `show info` Maxconn / SessRateLimit / ConnRateLimit) and, on
-any refusal or mismatch, sets back what it had changed: never half-applied.
+any refusal or mismatch, sets back what it had changed: never half-applied. A read
+that times out is tried again (READ_TRIES in all): on a saturated host HAProxy's
+answer can be seconds late, and a set that landed is not a failed push. A set
+whose answer never came may have landed, so it is set back like one that did.
 Commands and answers: HAProxy 2.6 management guide, section 9.3 "Unix Socket
 commands" (docs.haproxy.org/2.6/management.html; Debian's management.txt.gz);
 HAProxy 2.6's `show servers state` has no maxconn column, so `show stat` it is."""
@@ -21,6 +24,7 @@ from slotune.profiles.haproxy import target_error as target_error
 
 MAX_ANSWER_BYTES = 4 << 20
 LARGEST = 2**31 - 1          # HAProxy's limits are signed 32-bit
+READ_TRIES = 3               # reads of the values in force, each within timeout_s
 
 
 KIND = "haproxy"
@@ -92,6 +96,16 @@ class HaproxyActuator:
             out[setting] = _number(text, f"HAProxy socket {self.address}: {whence}")
         return out
 
+    def _read_patiently(self, settings) -> dict[str, float]:
+        """_read(), tried again while HAProxy's answer is late (READ_TRIES in all); any other error at once."""
+        for _ in range(READ_TRIES - 1):
+            try:
+                return self._read(settings)
+            except ActuatorError as exc:
+                if not exc.unreachable:
+                    raise
+        return self._read(settings)
+
     def _stat(self) -> dict[tuple[str, str], str]:
         """(proxy, server or FRONTEND/BACKEND) -> its slim (configured session limit) column."""
         answer = self.command("show stat")
@@ -132,9 +146,14 @@ class HaproxyActuator:
         done: list[str] = []
         try:
             for setting, value in changes.items():
-                self._set(setting, value)
+                try:
+                    self._set(setting, value)
+                except ActuatorError as exc:
+                    if exc.unreachable:     # its answer never came: it may have landed
+                        done.append(setting)
+                    raise
                 done.append(setting)
-            read_back(changes, self._read(changes), f"HAProxy socket {self.address}")
+            read_back(changes, self._read_patiently(changes), f"HAProxy socket {self.address}")
         except ActuatorError as exc:
             raise ActuatorError(f"{exc}; {self._restore(done, before)}", exc.unreachable) from None
 
@@ -152,7 +171,7 @@ class HaproxyActuator:
         try:
             for setting in done:
                 self._set(setting, before[setting])
-            read_back({s: before[s] for s in done}, self._read(done), f"HAProxy socket {self.address}")
+            read_back({s: before[s] for s in done}, self._read_patiently(done), f"HAProxy socket {self.address}")
         except ActuatorError as exc:
             return f"setting back {', '.join(done)} FAILED ({exc}): check them with `show stat`"
         return f"set back {', '.join(f'{s} = {before[s]:g}' for s in done)}"

@@ -85,7 +85,8 @@ def http_stand_in():
 
 class SocketStandIn:
     """A Unix stream socket that reads one command line per connection, answers
-    answer(line) and closes, as HAProxy's stats socket does in non-interactive mode."""
+    answer(line) and closes, as HAProxy's stats socket does in non-interactive mode;
+    commands lists the lines in the order they were read."""
 
     def __init__(self, path: Path, answer: Callable[[str], str]):
         self.path, self.answer, self.commands = str(path), answer, []
@@ -100,16 +101,23 @@ class SocketStandIn:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
-            with conn:
-                data = b""
-                while not data.endswith(b"\n"):
-                    chunk = conn.recv(4096)
-                    if not chunk:
-                        break
-                    data += chunk
-                line = data.decode().strip()
-                self.commands.append(line)
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        """One connection, on its own thread: a late answer holds up no later command."""
+        with conn:
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = conn.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+            line = data.decode().strip()
+            self.commands.append(line)
+            try:
                 conn.sendall(self.answer(line).encode())
+            except OSError:      # the client gave up waiting, as a timed-out actuator does
+                pass
 
     def close(self) -> None:
         self.sock.close()

@@ -2,6 +2,8 @@
 socket, and against a stand-in socket for the answers a real one would not give
 (a wrong read-back, garbage, a refusal half-way): each refused, naming the
 input, and nothing left half-applied."""
+import time
+
 import pytest
 
 from slotune.config import ConfigError, load
@@ -86,6 +88,37 @@ def test_a_refusal_half_way_sets_back_the_first_setting(socket_stand_in):
                                             ": No such frontend.; set back concurrency_limit = 64"):
         HaproxyActuator(stand_in.path, TARGETS).push({"concurrency_limit": 7.0, "frontend_limit": 500.0})
     assert fake.slim[("be_app", "app")] == 64
+
+
+class Late:
+    """FakeHaproxy answering the n-th command (counting from 1) `late_s` late: HAProxy on a saturated host."""
+
+    def __init__(self, fake: FakeHaproxy, n: int, late_s: float):
+        self.fake, self.n, self.late_s, self.seen = fake, n, late_s, 0
+
+    def __call__(self, line: str) -> str:
+        self.seen += 1
+        answer = self.fake(line)
+        if self.seen == self.n:
+            time.sleep(self.late_s)
+        return answer
+
+
+def test_a_read_back_answered_late_is_read_again_and_the_push_stands(socket_stand_in):
+    fake = FakeHaproxy()
+    stand_in = socket_stand_in(Late(fake, 3, 0.5))      # show stat, set, then the late show stat
+    HaproxyActuator(stand_in.path, TARGETS, timeout_s=0.2).push({"concurrency_limit": 7.0})
+    assert stand_in.commands == ["show stat", "set maxconn server be_app/app 7", "show stat", "show stat"]
+    assert fake.slim[("be_app", "app")] == 7
+
+
+def test_a_set_answered_too_late_is_set_back_as_if_it_had_landed(socket_stand_in):
+    fake = FakeHaproxy()
+    stand_in = socket_stand_in(Late(fake, 2, 0.5))      # the set lands, its answer is late
+    with pytest.raises(ActuatorError, match="no complete answer to 'set maxconn server be_app/app 7'.*"
+                                            "set back concurrency_limit = 64") as err:
+        HaproxyActuator(stand_in.path, TARGETS, timeout_s=0.2).push({"concurrency_limit": 7.0})
+    assert err.value.unreachable and fake.slim[("be_app", "app")] == 64, "left half-applied"
 
 
 @pytest.mark.parametrize("answer, says", [
