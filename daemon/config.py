@@ -80,7 +80,7 @@ class ExportConf:
 class Config:
     path: str
     collect_interval_s: float = 1.0
-    tune_interval_s: float = 30.0
+    tune_interval_s: float | None = None     # None: each tuner decides at its own INTERVAL_S
     exporter_address: str = "127.0.0.1:9477"
     baseline_store: str = "/var/lib/slotune/baselines.sqlite"
     baseline_retention_days: float = 35.0     # points older than this are pruned (drift reads 7 days)
@@ -157,7 +157,7 @@ def _regex(file, key, value):
     return value
 
 
-def _service(file: Path, name: str, r: _Reader, default_tune_s: float) -> ServiceConf:
+def _service(file: Path, name: str, r: _Reader, default_tune_s: float | None) -> ServiceConf:
     metrics_url = r.get("metrics_url", str, "")
     profile = profiles.get(r.get("profile", str, profiles.DEFAULT, choices=profiles.NAMES))
     spec = ServiceSpec(
@@ -352,7 +352,7 @@ def _targets(file, kind: str, r: _Reader) -> dict[str, str]:
     return out
 
 
-def _tuners(file, svc: _Reader, default_tune_s: float, control: Control | None,
+def _tuners(file, svc: _Reader, default_tune_s: float | None, control: Control | None,
             settings: dict[str, Bounds], service: ServiceSpec,
             elsewhere: frozenset[str] | set[str] = frozenset()) -> tuple[TunerConf, ...]:
     """The service's [tuners.NAME] tables, each read by its tuner's spec. A tuner that
@@ -364,7 +364,7 @@ def _tuners(file, svc: _Reader, default_tune_s: float, control: Control | None,
         if name not in TUNERS:
             raise ConfigError(file, r.key(name), f"unknown tuner; one of {', '.join(TUNERS)}")
         t, spec = r.table_of(name), TUNERS[name].SPEC
-        tuner = _tuner(file, t, name, spec, default_tune_s)
+        tuner = _tuner(file, t, name, spec, TUNERS[name].INTERVAL_S if default_tune_s is None else default_tune_s)
         if control is None and not set(spec.pushes(tuner.policy)) <= elsewhere:   # (an alert-only tuner pushes none)
             raise ConfigError(file, t.where, "a tuner that pushes settings needs a [control] table")
         for setting in spec.pushes(tuner.policy):
@@ -456,7 +456,7 @@ def load(path: str | Path = DEFAULT_PATH) -> Config:
         raise ConfigError(path, "-", f"not valid TOML: {exc}") from None
     top = _Reader(path, "", raw)
     d = top.table_of("daemon")
-    tune_s = d.get("tune_interval_s", float, 30.0, lo=0.5, hi=86400.0)
+    tune_s = d.get("tune_interval_s", float, None, lo=0.5, hi=86400.0)
     probes = tuple(d.get("probes", list, list(PROBE_FAMILIES)))
     for p in probes:
         if p not in PROBE_FAMILIES:

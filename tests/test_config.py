@@ -42,7 +42,7 @@ def test_routes_are_path_prefixes_in_order(tmp_path):
 
 def test_defaults_for_a_minimal_file(tmp_path):
     cfg = load_text(tmp_path, MINIMAL)
-    assert cfg.collect_interval_s == 1.0 and cfg.tune_interval_s == 30.0
+    assert cfg.collect_interval_s == 1.0 and cfg.tune_interval_s is None
     assert cfg.exporter_host_port == ("127.0.0.1", 9477)
     assert cfg.service("api").spec.slo_p99_s == pytest.approx(0.25)
 

@@ -24,7 +24,6 @@ from slotune import config, profiles
 from slotune.collectors.kernel.targeting import command_line, listening_rows, netns_of, socket_inodes
 from slotune.collectors.service_metrics import parse_stub_status
 from slotune.profiles.haproxy import target_error
-from slotune.control.tuner_specs import SPECS
 from slotune.host.http_exchange import exchange
 from slotune.profiles import haproxy_config
 
@@ -329,7 +328,6 @@ def _control(s: Listener, a: haproxy_config.Admission, p: profiles.Profile) -> l
     lines += [f"[services.{s.name}.control.targets]", f"{ADMISSION} = {toml_string(a.target)}",
               *(f"# {x.name} = {toml_string(_filled(x.target, s))}" for x in others),
               f"[services.{s.name}.tuners.throttle]",
-              f"interval_s = {SPECS['throttle'].module.INTERVAL_S:g}    # the throttle's own step",
               f"[services.{s.name}.settings.{ADMISSION}]",
               "min = 1",
               f"max = {a.in_force}    # as its config gives it: the throttle gives it back when the load drops",
