@@ -16,6 +16,7 @@ from slotune.control import observations
 from slotune.control.observations import MIN_REQUESTS, Inputs, queue_p99
 from slotune.control.tuner_specs import SPECS
 from slotune.model.histogram import BucketHistogram, Histogram
+from slotune.model.interval import Span
 from slotune.model.service import ServiceSpec
 from slotune.model.window import Window
 from slotune.tuners import batch, budget, degrade, throttle
@@ -146,3 +147,25 @@ def test_the_dimmer_s_verdict_from_the_windows_the_throttle_and_the_dimmer_read_
     v = degrade.observe(inputs(busy + mixed[:7])).verdict
     assert (v.pays, v.full_rps) == (None, 100.0)                         # 7 degrading: not yet
     assert throttle.observe(inputs(busy + mixed[:7])).degrade_room
+
+
+def ttft_window(service: str, t: float, ttft_ms: list[float]) -> Window:
+    return Window(service, t, t + 1, 5.0, slo_ttft_s=1.0,
+                  ttft=Histogram.from_values([v * 1e6 for v in ttft_ms]) if ttft_ms else None)
+
+
+def test_a_service_throttled_at_a_proxy_is_steered_on_the_proxys_first_byte():
+    """The proxy's clock starts before the engine's read: what waited unread in the engine's
+    socket is in the proxy's TTFT only, so the throttle reads the proxy's where it has one."""
+    conf = ServiceConf(ServiceSpec("vllm", port=8000, slo_p99_s=5.0, slo_ttft_p99_s=1.0), admission_by="front")
+    own = [ttft_window("vllm", t, [300.0] * 50) for t in range(3)]
+    front = [ttft_window("front", t, [300.0] * 40 + [2500.0] * 10) for t in range(3)]
+
+    def p99(at_proxy) -> float:
+        return throttle.observe(Inputs(3.0, own, own, conf, {}, 1.0, lambda *_: None,
+                                       admission_span=at_proxy)).p99_s
+
+    assert p99(None) == pytest.approx(0.3, rel=0.05)
+    assert p99(Span(tuple(front))) == pytest.approx(2.5, rel=0.1)      # within one kernel slot
+    untimed = [ttft_window("front", t, []) for t in range(3)]
+    assert p99(Span(tuple(untimed))) == pytest.approx(0.3, rel=0.05), "a proxy with no timing: the service's own"

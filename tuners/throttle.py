@@ -41,6 +41,10 @@ class Observation:
     queue_p99_s: float | None = None  # P99 of the time admitted requests waited in the service's
     #                                   queue; None when unmeasured (slotune then treats all of P99 as queue)
     degrade_room: bool = False  # a dimmer beside it can still degrade more answers (its ratio is under 1)
+    wait_ahead_s: float = 0.0   # on TTFT: the requests waiting now over those completed a second (Little's
+    #                             law), the wait a first token is yet to show; 0 where the service reports none
+    engine: tuple[float, float] | None = None   # on TTFT: requests (running, waiting) inside the service,
+    #                                             means over the interval; None where it reports neither
 
 
 def _idle(obs: Observation) -> bool:
@@ -223,6 +227,7 @@ def _slotune_init(settings):
 
 
 MISREAD_CUTS = 2  # cuts in a row that left P99 where it was: the wait was not queueing at this limit
+ENGINE_QUEUE_HELD = 0.25   # waiting over running inside the service from which its batch counts as full
 
 
 def _slotune_decide(state: SlotuneState, obs: Observation):
@@ -230,6 +235,7 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
         return state, Decision({}, "no completed requests")
     queue = obs.p99_s if obs.queue_p99_s is None else obs.queue_p99_s
     service_tail = max(0.0, obs.p99_s - queue)
+    queue = max(queue, obs.wait_ahead_s)       # a queue building now, before its first tokens show it
     budget = max(P99_AIM * obs.slo_s - service_tail, 0.25 * service_tail)  # queue wait the SLO allows
     slack = 0.1 * budget
     if state.cuts and abs(state.limit - state.cut_to) > max(1.0, 0.1 * state.cut_to):
@@ -257,6 +263,8 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
     elif queue > budget:
         factor = clamp((budget + slack) / (queue + slack), 0.5, 0.95)
         new = clamp(state.limit * factor, *LIMIT_BOUNDS)
+        if (held := _a_batch_waiting(obs)) is not None and held < new:    # as deep as one batch waiting
+            new, factor = max(held, 0.25 * state.limit), max(held, 0.25 * state.limit) / state.limit
         fell = obs.p99_s < state.cut_p99
         run = (obs.p99_s, 1, new) if fell or not state.cuts else (state.cut_p99, state.cuts + 1, new)
         why = f"{over}: x{factor:.2f}"
@@ -269,11 +277,34 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
             Decision(changed(state.limit, new, "concurrency_limit"), why))
 
 
+def _a_batch_waiting(obs: Observation) -> float | None:
+    """The limit that keeps one batch running and one waiting inside an engine that says how
+    many of each it has, or None. More waiting buys no throughput: it is wait (a real vLLM,
+    4 running, at 2x its capacity: x0.5 cuts and x0.9 steps took 13 s from 64 to 8, where one
+    batch waiting held). Counted from what runs, not from the limit: just after a cut the
+    engine still holds what the old limit let in."""
+    if obs.engine is None or obs.engine[0] <= 0:
+        return None
+    return max(1.0, 2.0 * obs.engine[0])
+
+
 def _loosen(state: SlotuneState, obs: Observation, queue: float, budget: float, slack: float) -> tuple[float, str]:
     """The limit with its queue wait within budget: grown while it binds, given back toward
     where it started while it neither binds nor queues, else kept."""
     within = f"queue P99 {queue * 1e3:.0f} ms within {budget * 1e3:.0f} ms"
-    if obs.rejected_rps > 0 or obs.in_flight >= 0.9 * state.limit:
+    binding = obs.rejected_rps > 0 or obs.in_flight >= 0.9 * state.limit
+    if binding and obs.engine is not None and obs.engine[1] >= ENGINE_QUEUE_HELD * obs.engine[0] > 0:
+        # An engine that keeps a queue of its own runs at its capacity: a higher limit adds its
+        # queue's wait, not throughput; a queue over a batch deep is wait to give back, once
+        # the window shows the limit in force (not the one after a cut).
+        running, waiting = obs.engine
+        if waiting > running and (held := _a_batch_waiting(obs)) is not None and held < state.limit \
+                and not state.just_cut:
+            return (max(held, 0.5 * state.limit),
+                    f"limit binding, {within}, but {waiting:.0f} wait inside the service behind {running:.0f} "
+                    f"running: wait without throughput, down to a batch waiting")
+        return state.limit, f"limit binding, {within}, and its batch full with a queue behind it: kept"
+    if binding:
         factor = clamp((budget + slack) / (queue + slack), 1.0, 1.1)
         return state.limit * factor, f"limit binding, {within}: x{factor:.2f}"
     if queue <= 0.5 * budget and state.limit < state.ceiling:
@@ -326,15 +357,44 @@ POLICIES = {name: _needs_a_limit(policy) for name, policy in {
 }.items()}
 
 
+def _at_proxy(i: Inputs, on_ttft: bool):
+    """The proxy's TTFT or latency over the interval, where it timed requests; else None."""
+    if i.admission_span is None:
+        return None
+    hist = i.admission_span.ttft if on_ttft else i.admission_span.latency
+    return hist if hist is not None and hist.count else None
+
+
+def _wait_ahead(i: Inputs, completed_rps: float) -> float:
+    """The wait of the requests waiting at the interval's end, by Little's law: a TTFT read
+    from first tokens shows a queue only once its requests get theirs, a second or more after
+    it began to build (a real vLLM stepped to 2x its capacity: first cut 3.7 s into the step)."""
+    waiting = i.gauge_last("_num_requests_waiting")
+    return sum(waiting) / completed_rps if waiting and completed_rps > 0 else 0.0
+
+
+def _engine(i: Inputs) -> tuple[float, float] | None:
+    """Requests running and waiting inside the service, means over the interval."""
+    running = i.gauge_mean("_num_requests_running")
+    if running <= 0 or not any(fam.endswith("_num_requests_waiting") for w in i.recent for fam, _ in w.gauges):
+        return None
+    return running, i.gauge_mean("_num_requests_waiting")
+
+
 def observe(i: Inputs) -> Observation:
     """The interval's latency (its TTFT, where the service declares a TTFT objective), rates
     and queue wait; in flight as the service says, else by Little's law; and whether a dimmer
     beside it can still degrade (it goes first). On TTFT no queue wait is read apart: the
     first token is queue and prefill, and an engine's own queue histogram is coarse there
-    (vLLM's starts at 0.3 s), so all of its P99 counts as queue."""
+    (vLLM's starts at 0.3 s), so all of its P99 counts as queue. A service throttled at a
+    proxy (admission_by) is steered on the proxy's clock where the proxy's requests are
+    timed: an engine's API server that falls behind leaves requests unread in its socket,
+    and neither the engine's histograms nor the kernel's clock at its read see that wait
+    (a real vLLM at 2x its capacity on 2 cores, 2026-12-07: client TTFT P99 7.9 s, vLLM's
+    own and the kernel's at vLLM under 0.9 s; at HAProxy the kernel's clock starts first)."""
     spec = i.conf.spec
     on_ttft = spec.slo_ttft_p99_s > 0
-    hist = i.span.ttft if on_ttft else i.span.latency
+    hist = at_proxy if (at_proxy := _at_proxy(i, on_ttft)) is not None else i.span.ttft if on_ttft else i.span.latency
     completed = i.rate(lambda w: w.requests)
     in_flight = i.gauge_max("_inflight_requests")
     if in_flight is None:  # Little's law when the service does not say
@@ -345,4 +405,5 @@ def observe(i: Inputs) -> Observation:
         p90_s=i.quantile(hist, 0.9), p99_s=i.quantile(hist, 0.99), arrival_rps=i.rate(lambda w: w.requests + w.rejected),
         completed_rps=completed, goodput_rps=i.rate(lambda w: w.goodput * w.seconds),
         rejected_rps=i.rate(lambda w: w.rejected), in_flight=float(in_flight),
-        queue_p99_s=None if on_ttft else i.queue_p99(), degrade_room=degrade.room(i))
+        queue_p99_s=None if on_ttft else i.queue_p99(), degrade_room=degrade.room(i),
+        wait_ahead_s=_wait_ahead(i, completed) if on_ttft else 0.0, engine=_engine(i) if on_ttft else None)

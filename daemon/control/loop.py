@@ -185,8 +185,9 @@ class ControlLoop:
             since = sc.last_decision.get(tconf.name, now - tconf.interval_s)
             sc.last_decision[tconf.name] = now
             recent = interval.since(name, since)
+            at_proxy = interval.since(sc.conf.admission_by, since) if sc.conf.admission_by else None
             if recent.windows:
-                entries += self._decide(sc, tconf, interval, recent)
+                entries += self._decide(sc, tconf, interval, recent, at_proxy)
         return entries
 
     def _passed(self, now: float, since: float, interval_s: float) -> bool:
@@ -233,12 +234,12 @@ class ControlLoop:
         sc.retry_at = now + sc.backoff_s
         sc.backoff_s = min(sc.backoff_s * 2, MAX_BACKOFF_S)
 
-    def _decide(self, sc: ServiceControl, tconf, interval: Interval, recent) -> list[Entry]:
+    def _decide(self, sc: ServiceControl, tconf, interval: Interval, recent, at_proxy=None) -> list[Entry]:
         now, spec = interval.end, SPECS[tconf.name]
         inputs = observations.Inputs(now, list(recent.windows), list(interval.windows(sc.conf.name)), sc.conf,
                                      spec.option_values(tconf.options), tconf.interval_s, self.baseline_for,
                                      recent, dict(sc.settings),
-                                     frozenset(t.name for t in sc.conf.tuners) - sc.stopped)
+                                     frozenset(t.name for t in sc.conf.tuners) - sc.stopped, at_proxy)
         obs = spec.observe(inputs)
         if obs is None:
             return []

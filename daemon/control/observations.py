@@ -72,6 +72,10 @@ class Inputs:
     recent_span: Span | None = None   # `recent` merged by the caller (the loop shares it with its guards)
     settings: Mapping[str, float] = field(default_factory=dict)   # the service's settings in force
     running: frozenset[str] = frozenset()   # the service's tuners still deciding (none stopped)
+    # The proxy's windows over the same time, for a service throttled there (admission_by):
+    # its clock starts when the proxy reads a request, so it holds the wait in the service's
+    # accept queue and socket that the service's own clock, starting at its read, cannot see.
+    admission_span: Span | None = None
 
     @cached_property
     def span(self) -> Span:

@@ -176,6 +176,37 @@ def test_slotune_without_a_queue_measurement_steers_p99_to_80_percent_of_the_slo
     assert math.isclose(d.changes["concurrency_limit"], 44.0)
 
 
+def test_slotune_on_ttft_cuts_on_a_queue_building_before_first_tokens_show_it():
+    """P99 of first tokens still under its aim, but 60 waiting at 30 completed a second: 2 s ahead."""
+    sl = P["slotune"]
+    s = sl.initial_state({"concurrency_limit": 64})
+    building = replace(obs(p99=0.4, queue_p99=None, in_flight=64, slo=1.0, completed=30.0), wait_ahead_s=2.0)
+    _, d = sl.decide(s, building)
+    assert math.isclose(d.changes["concurrency_limit"], 64 * max(0.5, 0.88 / 2.08))
+    _, d = sl.decide(s, replace(building, wait_ahead_s=0.1))      # a short queue: the first tokens' P99 decides
+    assert math.isclose(d.changes["concurrency_limit"], 64 * 1.1)
+
+
+def test_slotune_on_ttft_gives_back_an_engines_queue_that_buys_no_throughput():
+    """Binding, TTFT within its aim: grown while the engine has no queue of its own, kept with
+    up to a batch waiting, cut toward one batch waiting with more (half the limit at most a
+    step, none in the window after a cut: it holds what the old limit let in). A real vLLM ran
+    at capacity at maxconn 8 with 4 running; at 26-31 its first tokens waited 0.8 s longer for
+    the same throughput. Over its aim, a cut goes as deep, a quarter of the limit at most."""
+    sl = P["slotune"]
+    s = sl.initial_state({"concurrency_limit": 30})
+    binding = obs(p99=0.3, queue_p99=None, in_flight=30, slo=1.0, completed=30.0, rejected=5.0)
+    moves = {e: sl.decide(s, replace(binding, engine=e))[1].changes.get("concurrency_limit")
+             for e in (None, (4.0, 0.0), (4.0, 2.0), (4.0, 26.0), (7.0, 23.0))}
+    assert moves == {None: 33.0, (4.0, 0.0): 33.0, (4.0, 2.0): None, (4.0, 26.0): 15.0, (7.0, 23.0): 15.0}
+    after_a_cut = replace(s, just_cut=True)
+    assert not sl.decide(after_a_cut, replace(binding, engine=(4.0, 26.0)))[1].changes
+    over = replace(binding, p99_s=1.5, engine=(4.0, 26.0))
+    assert sl.decide(s, over)[1].changes["concurrency_limit"] == 8.0
+    s64 = sl.initial_state({"concurrency_limit": 64})
+    assert sl.decide(s64, replace(over, in_flight=64))[1].changes["concurrency_limit"] == 16.0
+
+
 def test_policies_are_pure():
     seq = [obs(now=t, p50=0.05 * t, p99=0.1 * t, queue_p99=0.02 * t, in_flight=30) for t in range(1, 6)]
     assert_pure(P, {"concurrency_limit": 30.0, "rate_limit_rps": 100.0}, seq)
