@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup engine test demo bench doctor
+.PHONY: setup engine test demo demo-engine bench doctor
 setup:
 	bash scripts/setup.sh
 
@@ -18,6 +18,11 @@ test: setup engine
 demo: setup
 	$(VENV)/bin/slotune demo
 	$(VENV)/bin/slotune demo --llm
+
+# A real vLLM (CPU build, tiny model) behind HAProxy, throttled by slotune through a
+# step to twice its capacity and back: about 3 minutes after the engine's set-up.
+demo-engine: setup engine
+	$(VENV)/bin/slotune demo --engine vllm
 
 bench: setup
 	$(PY) -m bench

@@ -3,13 +3,16 @@
 answers; a request's latency counts from its scheduled time, so a slow server
 cannot hide its queue (no coordinated omission). Above max_inflight, arrivals
 are counted as errors ("overflow") instead of being sent. This module drives
-the gateway; llm/load.py drives an LLM server with the same schedules."""
+the gateway; llm/load.py drives an LLM server with the same schedules. realtime()
+keeps a client's clock on time beside a busy server on a small host."""
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import csv
 import math
+import os
 import threading
 import time
 from dataclasses import asdict, dataclass, fields
@@ -20,6 +23,19 @@ import numpy as np
 
 from .corpus import QueryStream
 from .ports import port
+
+@contextlib.contextmanager
+def realtime(priority: int = 10):
+    """The calling thread at SCHED_FIFO `priority` for the block: a streaming client's clock
+    that a busy host's run queue does not make late (its reads wake it at once; it waits in
+    epoll the rest of the time, so it takes no CPU from the server it times)."""
+    before = os.sched_getscheduler(0), os.sched_getparam(0)
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+    try:
+        yield
+    finally:
+        os.sched_setscheduler(0, before[0], before[1])
+
 
 PROFILES = ("constant", "step", "ramp", "diurnal")
 ARRIVALS = ("poisson", "gamma")

@@ -219,6 +219,14 @@ def test_a_stats_socket_below_level_admin_is_written_with_a_comment(tmp_path):
     assert (service.settings["concurrency_limit"].max, service.spec.slo_p99_s) == (300, 0.8)
 
 
+def test_an_engines_starter_judges_its_generating_paths_alone(tmp_path):
+    text, loaded = write_starter(tmp_path, discover_command.Listener(
+        8000, 0, 1, "python", "python -m vllm.entrypoints.openai.api_server", profile="vllm", name="llm",
+        metrics_url="http://127.0.0.1:8000/metrics"))
+    assert 'routes = ["/v1/chat/completions", "/v1/completions"]' in text
+    assert loaded.services[0].spec.routes == ("/v1/chat/completions", "/v1/completions")
+
+
 # A stand-in for an engine with workers (vLLM's API server and its engine processes): the
 # parent serves a /metrics page with vLLM's family names on one port; its child listens on two
 # loopback ports and never answers, as the workers' ZMQ and torch.distributed sockets do.

@@ -12,13 +12,15 @@ EXAMPLES = """  slotune demo                                 # about 3.5 minutes
   slotune demo --dry-run                       # the same, but the daemon pushes nothing
   slotune demo --llm                           # LLM mode: a streaming load step, TTFT/TPOT SLOs (about 2.5 min)
   slotune demo --fleet 3                       # 3 hosts in namespaces, one slowed: SlotuneHostOutlier
+  slotune demo --engine vllm                   # a real vLLM behind HAProxy, throttled (about 3 min; make engine)
 """
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--run-dir", type=Path, default=None,
                         help="where the stack, the daemon's files and the report go (default: /tmp/slotune-demo, "
-                             "/tmp/slotune-demo-llm with --llm, /tmp/slotune-demo-fleet with --fleet: each part "
+                             "/tmp/slotune-demo-llm with --llm, /tmp/slotune-demo-fleet with --fleet, /tmp/slotune-demo-engine "
+                             "with --engine: each part "
                              "of `make demo` keeps its own report)")
     parser.add_argument("--capacity", type=float, default=None,
                         help="the stack's capacity in queries/s; the load steps to 1.5x it "
@@ -32,11 +34,16 @@ def add_arguments(parser) -> None:
     parser.add_argument("--fleet", type=int, metavar="N",
                         help="instead: N hosts (3 or more) as network namespaces with a stack and a daemon each, "
                              "one Prometheus; one host is slowed and raises SlotuneHostOutlier (docs/fleet.md)")
+    parser.add_argument("--engine", choices=("vllm",),
+                        help="instead: a real vLLM (CPU build, tiny model: `make engine` installs both) behind "
+                             "HAProxy, slotune throttling HAProxy's maxconn to hold vLLM's TTFT through a step to "
+                             "2x its measured capacity and back (docs/engines.md)")
 
 
 def default_run_dir(args) -> Path:
     """Each kind of demo its own folder: `make demo`'s two parts keep their own reports."""
-    return Path("/tmp/slotune-demo" + ("-fleet" if args.fleet is not None else "-llm" if args.llm else ""))
+    kind = "-fleet" if args.fleet is not None else "-engine" if args.engine else "-llm" if args.llm else ""
+    return Path("/tmp/slotune-demo" + kind)
 
 
 def the_stack_from_the_checkout() -> bool:
@@ -66,6 +73,15 @@ def run(args) -> int:
         except (RuntimeError, ValueError) as exc:
             print(f"slotune demo --fleet: {exc}", file=sys.stderr)
             return 1
+    if args.engine is not None:
+        from slotune.demo import engine
+        try:
+            path = engine.run(args.run_dir, args.scale, args.dry_run)
+        except RuntimeError as exc:
+            print(f"slotune demo --engine {args.engine}: {exc}", file=sys.stderr)
+            return 1
+        print(f"\nreport: {path}")
+        return 0
     from slotune.demo import run as demo
     try:
         path = demo.run(args.run_dir, args.capacity, args.scale, args.dry_run, llm=args.llm)

@@ -293,6 +293,8 @@ def starter(picked: list[Listener], slo_ms: float = 500.0, token_slos_ms: dict[s
             out.append(f"profile = {toml_string(s.profile)}")
         if s.metrics_url:
             out.append(f"metrics_url = {toml_string(s.metrics_url)}")
+        if p is not None and p.routes:
+            out.append(f"routes = [{', '.join(toml_string(r) for r in p.routes)}]    # judged on these paths alone")
         out += [f"{key} = {toml_string(fam)}" for key, fam in _own_families(s, p).items()]
         out.append(f"slo_p99_ms = {slo_ms:g}")
         if p is not None:

@@ -141,6 +141,8 @@ class Profile:
     marks: tuple[str, ...] = ()                    # families only it exports: how discover recognises it
                                                    # (a group in one names the service)
     control: tuple[str, ...] = ()                  # its [control] keys beside kind, as starter lines
+    routes: tuple[str, ...] = ()                   # the paths of its work (config `routes`), as discover writes
+    #                                                them: its /metrics, /health and the rest are then not judged
 
     def __post_init__(self):
         unknown = set(self.signals) - set(SIGNALS)

@@ -37,4 +37,5 @@ PROFILE = Profile(
     slos=("p99", "ttft", "tpot"),
     processes=("llama-server", "llama_cpp"),
     marks=(r"llamacpp:.*",),
+    routes=("/completion", "/v1/completions", "/v1/chat/completions", "/chat/completions"),   # /completion: also /completions
 )

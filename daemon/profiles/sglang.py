@@ -37,4 +37,5 @@ PROFILE = Profile(
     processes=("sglang",),
     control=('url = "http://127.0.0.1:30000"   # its server',),
     marks=(r"sglang:.*",),
+    routes=("/generate", "/v1/completions", "/v1/chat/completions"),
 )

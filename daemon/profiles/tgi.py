@@ -23,4 +23,5 @@ PROFILE = Profile(
     slos=("p99", "tpot"),
     processes=("text-generation-launcher", "text-generation-router"),
     marks=(r"tgi_.*",),
+    routes=("/generate", "/v1/chat/completions"),           # /generate: also /generate_stream
 )

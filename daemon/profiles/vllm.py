@@ -36,4 +36,5 @@ PROFILE = Profile(
     slos=("p99", "ttft", "tpot"),
     processes=("vllm",),
     marks=(r"vllm:.*",),
+    routes=("/v1/chat/completions", "/v1/completions"),    # its OpenAI-compatible API's generating paths
 )

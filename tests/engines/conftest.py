@@ -4,7 +4,6 @@ what the tests read of it: its own /metrics, parsed with prometheus_client's par
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import urllib.request
 from dataclasses import dataclass
@@ -50,19 +49,6 @@ def engine(tmp_path_factory):
     port, = free_ports(1)
     with serve.vllm(tmp_path_factory.mktemp("vllm"), port, *serve.SMALL_ENGINE) as proc:
         yield Engine(port, proc.pid)
-
-
-@contextlib.contextmanager
-def realtime(priority: int = 10):
-    """The calling thread at SCHED_FIFO `priority` for the block: a streaming client's clock
-    that a busy host's run queue does not make late (its reads wake it at once; it waits in
-    epoll the rest of the time, so it takes no CPU from the server it times)."""
-    before = os.sched_getscheduler(0), os.sched_getparam(0)
-    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
-    try:
-        yield
-    finally:
-        os.sched_setscheduler(0, before[0], before[1])
 
 
 @contextlib.contextmanager

@@ -18,7 +18,8 @@ from reference_stack.llm.load import Lengths, run_llm_load
 from slotune.collectors.service_metrics import parse
 from tests.conftest import run_slotune
 from tests.e2e.conftest import daemon_table, start_daemon
-from tests.engines.conftest import NO_EOS, realtime
+from reference_stack.loadgen import realtime
+from tests.engines.conftest import NO_EOS
 
 TPOT_SLO_S = 0.005
 

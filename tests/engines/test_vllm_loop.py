@@ -1,21 +1,18 @@
 """slotune closes its loop on parts nobody here wrote: a real HAProxy in front of a
-real vLLM. The engine has no live admission knob, so the throttle observes vLLM
-(TTFT from the kernel's first byte or vLLM's own histogram, whichever resolves the
-objective; in flight from vLLM's running + waiting) and pushes HAProxy's server
-maxconn (`admission_by`). A request HAProxy cannot hand to vLLM within 50 ms gets
-its 503 at once: excess is refused fast, not queued past the objective.
+real vLLM. The engine has no live admission knob, so the throttle observes vLLM and
+HAProxy (TTFT at HAProxy, whose clock starts before vLLM's read; vLLM's waiting and
+running) and pushes HAProxy's server maxconn (`admission_by`). A request HAProxy
+cannot hand to vLLM within 50 ms gets its 503 at once: excess is refused fast, not
+queued past the objective. vLLM runs on a CPU of its own, HAProxy, the daemon and
+the client on the rest (serve.beside_the_engine()), the client at real-time priority.
 
-The load is made from vLLM's measured capacity on this host, not a guess: first
-an overload at a wide limit, whose completions per second are the capacity C; then
-a step at 2 C, which pushes the client's TTFT P99 past the objective, then 0.3 C.
-The throttle must cut maxconn in the step (read with `show stat`, not through
-slotune) and raise it again once the load drops. Whether that holds the client's
-TTFT is the bench's question (`python -m bench.engine_loop`, the same config and
-load as its slotune arm), not this test's: on 2 cores the load generator's own late
-reads and vLLM's API server backlog are in the client's clock at 2 C whatever the
-limit (in a clean-clone CI run on 2026-12-07 the client's TTFT P99 late in the step,
-3.7 s, was above its start's, 3.0 s, with vLLM's own held near the objective), so
-the test prints it and asserts only the premise, the cut and the give-back."""
+The load is made from vLLM's capacity measured here, not a guess: a step at 2 C,
+which pushes the client's TTFT P99 past the objective, then 0.3 C. The throttle
+must cut maxconn in the step (read with `show stat`, not through slotune) and raise
+it again once the load drops. How well that holds the client's TTFT, arm against
+arm, is the bench's question (`python -m bench.engine_loop`, the same set-up from
+reference_stack/engine/loop.py); the test prints the client's figures and asserts
+the premise, the cut and the give-back."""
 from __future__ import annotations
 
 import threading
@@ -23,30 +20,34 @@ import time
 
 import numpy as np
 
-from bench.engine_loop import ANSWER, PROMPT, QUEUE_TIMEOUT_MS, START, STREAM, TTFT_SLO_MS, admission_config, \
-    measure_capacity
-from reference_stack.engine import proxy
+from reference_stack.engine import proxy, serve
+from reference_stack.engine.loop import ANSWER, PROMPT, QUEUE_TIMEOUT_MS, START, STREAM, TTFT_SLO_MS, \
+    admission_config, measure_capacity
 from reference_stack.engine.serve import SERVED_NAME
 from reference_stack.launcher import free_ports
 from reference_stack.llm.load import run_llm_load
+from reference_stack.loadgen import realtime
 from tests.e2e.conftest import start_daemon
 
 HIGH_S, LOW_S = 24.0, 12.0
 
 
 def test_the_throttle_holds_a_real_vllms_ttft_through_a_real_haproxy(engine, tmp_path, root_only):
-    with proxy.haproxy(tmp_path / "haproxy", engine.port, START, queue_timeout_ms=QUEUE_TIMEOUT_MS) as hp:
+    with serve.beside_the_engine(), proxy.haproxy(tmp_path / "haproxy", engine.port, START,
+                                                  queue_timeout_ms=QUEUE_TIMEOUT_MS) as hp:
         url = f"http://127.0.0.1:{hp.port}/v1/completions"
-        c = measure_capacity(url)
+        c = measure_capacity(engine.port, tmp_path / "capacity")
         port, work = free_ports(1)[0], tmp_path / "daemon"
         daemon = start_daemon(admission_config(engine.port, hp, port, work, "slotune"), work, port)
         records, trace, done = [], [], threading.Event()
 
         def load():
-            for rate, seconds, seed in ((2 * c, HIGH_S, 9), (0.3 * c, LOW_S, 10)):
-                start = time.monotonic()
-                for r in run_llm_load(url, rate, seconds, PROMPT, ANSWER, model=SERVED_NAME, extra=STREAM, seed=seed):
-                    records.append((start + r.t_s, r))
+            with realtime():
+                for rate, seconds, seed in ((2 * c, HIGH_S, 9), (0.3 * c, LOW_S, 10)):
+                    start = time.monotonic()
+                    for r in run_llm_load(url, rate, seconds, PROMPT, ANSWER, model=SERVED_NAME, extra=STREAM,
+                                          seed=seed):
+                        records.append((start + r.t_s, r))
             done.set()
 
         try:

@@ -23,7 +23,8 @@ import numpy as np
 from reference_stack.engine.serve import SERVED_NAME
 from reference_stack.llm.load import Lengths, run_llm_load
 from slotune.model.service import ServiceSpec
-from tests.engines.conftest import NO_EOS, realtime, scraping
+from reference_stack.loadgen import realtime
+from tests.engines.conftest import NO_EOS, scraping
 from tests.probes.agreement import record
 from tests.probes.conftest import collected, hist
 from tests.probes.test_http_streaming import agree
