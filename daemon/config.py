@@ -308,7 +308,10 @@ def _peers(file, r: _Reader) -> dict[int, str]:
     for port in list(r.table):
         if not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigError(file, r.key(port), "peer keys are remote TCP ports, e.g. \"8100\" = \"inference\"")
-        peers[int(port)] = r.get(port, str)
+        name = r.get(port, str, nonempty=True)
+        if "=" in name or "," in name:     # the exporter reads "a=b,c=d" as several labels (model/labels.py)
+            raise ConfigError(file, r.key(port), f"{name!r}: a peer's name is a label value; use no '=' or ','")
+        peers[int(port)] = name
     return peers
 
 

@@ -58,6 +58,7 @@ def test_defaults_for_a_minimal_file(tmp_path):
     ("[services.api]\ncmdline = '(['\n", "services.api.cmdline", "regular expression"),
     ("[services.api]\nport = 70000\n", "services.api.port", "outside"),
     (MINIMAL + "peers = { web = 'x' }\n", "services.api.peers.web", "remote TCP ports"),
+    (MINIMAL + "peers = { 8100 = 'route=x' }\n", "services.api.peers.8100", "use no '=' or ','"),
     (MINIMAL + "downstream = ['db']\n", "services.api.downstream", "not a declared service"),
     (MINIMAL + "untimed_paths = ['healthz']\n", "services.api.untimed_paths", "starting with '/'"),
     (MINIMAL + "untimed_paths = ['/a?b']\n", "services.api.untimed_paths", "not a path"),
