@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(timezone.utc)
     with tempfile.TemporaryDirectory(prefix="engine-loop-") as tmp:
         port, = free_ports(1)
-        with serve.vllm(Path(tmp) / "vllm", port, *serve.SMALL_ENGINE), serve.beside_the_engine():
+        with serve.vllm(Path(tmp) / "vllm", port, *serve.SMALL_ENGINE, own_cpu=True), serve.beside_the_engine():
             print("warming the engine up (a capacity measure, not kept)", flush=True)
             measure_capacity(port, Path(tmp) / "warm-up")      # a cold engine's first read 21 req/s, later ones 25-33
             for n in range(args.rounds):

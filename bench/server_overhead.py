@@ -497,8 +497,8 @@ def pipe_rounds(args, work: Path) -> list[str]:
         cpu = (c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime)
         return float(m.group(1)), 1e6 * cpu / PIPE_LOOPS
 
-    tracers = [Slotune("slotune, all families, watching nothing", None, False, False),
-               Slotune("slotune, runqueue only, watching nothing", ["runqueue"], False, False),
+    tracers = [Slotune("slotune, all families, watching nothing", None, False),
+               Slotune("slotune, runqueue only, watching nothing", ["runqueue"], False),
                Bpftrace("bpftrace runqlat-style", RUNQLAT)]
     tracers += [OtherTree(tree, watch=False) for tree in args.compare]
     if args.empty:

