@@ -42,7 +42,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from slotune.demo.run import start_daemon, stop_daemon  # noqa: E402
+from slotune.demo.run import start_daemon, stop_daemon, this_runs_decisions  # noqa: E402
 from reference_stack.engine import proxy, serve  # noqa: E402
 from reference_stack.engine.loop import (QUEUE_TIMEOUT_MS, START, TPOT_SLO_MS, TTFT_SLO_MS,  # noqa: E402
                                          admission_config, drive, measure_capacity, score)
@@ -67,8 +67,8 @@ def run_arm(arm: str, engine_port: int, work: Path, seed: int) -> dict:
             records = drive(f"http://127.0.0.1:{hp.port}/v1/completions", capacity, STEP, seed)
         finally:
             stop_daemon(daemon)
-    moves = [(round(d["t"] - began, 1), d["old"], d["new"], d["outcome"]) for d in map(json.loads, (
-        work / "audit.jsonl").read_text().splitlines()) if d["outcome"] != "kept"] if daemon else []
+    moves = [(round(d["t"] - began, 1), d["old"], d["new"], d["outcome"])
+             for d in this_runs_decisions(work / "audit.jsonl", began) if d["outcome"] != "kept"] if daemon else []
     got = score(records, sum(s for _, s in STEP))
     return {**got, "capacity_rps": capacity, "goodput_per_c": got["goodput_rps"] / capacity, "moves": moves}
 

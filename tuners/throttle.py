@@ -264,7 +264,8 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
         factor = clamp((budget + slack) / (queue + slack), 0.5, 0.95)
         new = clamp(state.limit * factor, *LIMIT_BOUNDS)
         if (held := _a_batch_waiting(obs)) is not None and held < new:    # as deep as one batch waiting
-            new, factor = max(held, 0.25 * state.limit), max(held, 0.25 * state.limit) / state.limit
+            new = max(held, 0.25 * state.limit)
+            factor = new / state.limit
         fell = obs.p99_s < state.cut_p99
         run = (obs.p99_s, 1, new) if fell or not state.cuts else (state.cut_p99, state.cuts + 1, new)
         why = f"{over}: x{factor:.2f}"
@@ -394,7 +395,9 @@ def observe(i: Inputs) -> Observation:
     own and the kernel's at vLLM under 0.9 s; at HAProxy the kernel's clock starts first)."""
     spec = i.conf.spec
     on_ttft = spec.slo_ttft_p99_s > 0
-    hist = at_proxy if (at_proxy := _at_proxy(i, on_ttft)) is not None else i.span.ttft if on_ttft else i.span.latency
+    hist = _at_proxy(i, on_ttft)
+    if hist is None:
+        hist = i.span.ttft if on_ttft else i.span.latency
     completed = i.rate(lambda w: w.requests)
     in_flight = i.gauge_max("_inflight_requests")
     if in_flight is None:  # Little's law when the service does not say
