@@ -16,10 +16,10 @@ from functools import partial
 from prometheus_client import CollectorRegistry
 
 from slotune import config as config_mod
-from slotune import profiles
-from slotune.attribution import explain as attribution
+from slotune.attribution import explain as attribution, timeable
 from slotune.collectors.gpu.collector import NvmlCollector
 from slotune.collectors.kernel.collector import RESCAN_S, KernelCollector
+from slotune.collectors.kernel.families import FAMILIES
 from slotune.collectors.kernel.targeting import Targeting
 from slotune.collectors.service_metrics import ServiceMetricsCollector
 from slotune.actuators import for_control
@@ -54,19 +54,10 @@ RESTART_ONLY = ("exporter_address", "audit_log", "baseline_store", "state_file",
                 "bpf_map_entries", "export")
 
 
+def untimeable(cfg: config_mod.Config) -> dict[str, str]:
+    """The services whose requests can never be timed, and why (attribution/timeable.py)."""
+    return timeable.untimeable(cfg.services, {p for f in cfg.probes for p in FAMILIES[f].times})
 
-LATENCY_SIGNALS = ("request_duration_seconds", "request_duration_mean_seconds")
-
-
-def untimed_downstreams(services, probes) -> list[str]:
-    """One line per `downstream` that can never be a cause: a service with no request
-    timing, neither a latency of its own /metrics nor the http probe family (which times
-    HTTP/1 only: a Redis or gRPC service found by port is not timed by it either)."""
-    timed = {s.name for s in services if "http" in probes or (s.spec.metrics_url and (
-        s.spec.latency_metric or any(sig in profiles.get(s.spec.profile).signals for sig in LATENCY_SIGNALS)))}
-    return [f"service {s.name}: downstream {dep} has no request timing, so it cannot be named as a cause: give "
-            f"{dep} a metrics_url with its latency histogram (latency_metric), or turn on the http probe family "
-            f"if it speaks HTTP/1" for s in services for dep in s.downstream if dep not in timed]
 
 class Daemon:
     def __init__(self, cfg: config_mod.Config, dry_run: bool = False, collectors=None, restore_on_exit=False):
@@ -101,6 +92,7 @@ class Daemon:
         self.server: MetricsServer | None = None
         self.explained: dict[str, attribution.Explanation] = {}     # the last explanations, by service
         self.explained_span: int | None = None      # the RECENT_S span they judged (end // RECENT_S)
+        self.untimeable = untimeable(cfg)          # service -> why its requests can never be timed
         self.shown = self._status(Interval(0.0, 0.0, {}), LoopView())   # until the first tick
 
     @property
@@ -139,8 +131,7 @@ class Daemon:
         self._report_health()
         self.server = MetricsServer(self.cfg.exporter_address, self.cfg.exporter_host_port, self.registry,
                                     lambda: self.shown)
-        for line in untimed_downstreams(self.cfg.services, self.cfg.probes):
-            log.warning("%s", line)
+        self._say_untimeable(set())
         mode = "dry-run (decides, pushes nothing)" if self.dry_run else "closed loop"
         log.info("slotune running: %d service(s), %s, metrics on http://%s/metrics",
                  len(self.cfg.services), mode, self.cfg.exporter_address)
@@ -209,6 +200,12 @@ class Daemon:
         finally:
             self.close()
 
+    def _say_untimeable(self, said: set[str]) -> None:
+        """Each `downstream` that can never be timed, one line each, once per config."""
+        for line in timeable.downstream_lines(self.cfg.services, self.untimeable):
+            if line not in said:
+                log.warning("%s", line)
+
     def _before_push(self) -> None:
         """A push may outlast the watchdog: its judgement owed is saved first, and systemd
         is given PUSH_WATCHDOG_S until _after_push()."""
@@ -242,7 +239,9 @@ class Daemon:
         self.recorder.environment, self.recorder.deploy_id = new.environment, new.deploy_id
         self.audit.reopen()
         self.recorder.retention_s = new.baseline_retention_days * 86400.0
-        self.cfg = new
+        said = set(timeable.downstream_lines(self.cfg.services, self.untimeable))
+        self.cfg, self.untimeable = new, untimeable(new)
+        self._say_untimeable(said)
         self.explained, self.explained_span = {}, None
         specs = [s.spec for s in new.services]
         for c in self.collectors:
@@ -281,7 +280,7 @@ class Daemon:
         span = math.floor(end / attribution.RECENT_S)
         if span != self.explained_span:   # each span attribution judges, once, as it ends
             self.explained = attribution.explain_all(
-                interval.history, attribution.call_graph(self.cfg.services), now=end,
+                interval.history, attribution.call_graph(self.cfg.services), now=end, untimeable=self.untimeable,
                 guard=lambda name, explain: self.bulkheads.run(name, "attribute", explain))
             self.explained_span = span
         entries = self.control.tick(interval)

@@ -170,27 +170,88 @@ def test_a_service_that_talks_but_is_never_timed_says_why_not_warming_up():
     assert "warming up" in explain("redis", {"redis": idle}, recent_s=1.0).verdict   # idle: nothing to time yet
 
 
-def test_a_downstream_nothing_times_is_said_at_start(tmp_path):
-    from slotune import config
-    from slotune.process import untimed_downstreams
+def test_a_downstream_that_can_never_be_timed_is_said_at_start_with_the_fix(tmp_path):
+    from slotune import config, process
+    from slotune.attribution import timeable
     text = """[services.app]
 cmdline = "app"
 slo_p99_ms = 100
-downstream = ["redis", "api"]
+downstream = ["redis", "api", "web", "pg"]
 [services.redis]
 port = 6379
 slo_p99_ms = 10
+[services.pg]
+cmdline = "^/usr/lib/postgresql/16/bin/postgres -D"
+[services.web]
+cmdline = "web"
 [services.api]
 cmdline = "api"
+port = 6379
 slo_p99_ms = 50
 metrics_url = "http://127.0.0.1:9/metrics"
 latency_metric = "api_request_duration_seconds"
 """
     (tmp_path / "slotune.toml").write_text(text)
     cfg = config.load(tmp_path / "slotune.toml")
-    lines = untimed_downstreams(cfg.services, ("runqueue", "tcp"))
-    assert len(lines) == 1 and "downstream redis has no request timing" in lines[0]
-    assert untimed_downstreams(cfg.services, ("http", "tcp")) == []
+    # The http family on (the default): it times HTTP/1, so web can be timed; Redis and
+    # PostgreSQL never; api has its own latency histogram, whatever it speaks.
+    lines = timeable.downstream_lines(cfg.services, process.untimeable(cfg))
+    assert len(lines) == 2
+    assert lines[0] == ("service app: downstream redis cannot be timed, so it is never named as app's cause: found "
+                        "by port 6379, it is a Redis server, and no probe family of slotune times Redis requests; "
+                        "to time it, give redis a metrics_url with its latency histogram (latency_metric), or "
+                        "remove it from app's downstream")
+    assert "downstream pg cannot be timed" in lines[1] and "found by cmdline postgres" in lines[1]
+    # Without a family that times HTTP/1, web has no timing either, and the line says how to get one.
+    off = timeable.untimeable(cfg.services, ())
+    assert sorted(off) == ["app", "pg", "redis", "web"] and "turn on the http family" in off["web"]
+
+
+def test_the_daemon_says_each_downstream_that_cannot_be_timed_once_per_config(tmp_path, caplog):
+    import logging
+    from slotune import config
+    from slotune.process import Daemon
+    path = tmp_path / "slotune.toml"
+    text = f"""[daemon]
+audit_log = "{tmp_path}/audit.jsonl"
+baseline_store = "{tmp_path}/baselines.sqlite"
+[services.redis]
+port = 6379
+[services.app]
+cmdline = "app"
+"""
+    path.write_text(text)
+    daemon = Daemon(config.load(path), collectors=[])
+    try:
+        assert set(daemon.untimeable) == {"redis"}      # what the explanations are given
+        with caplog.at_level(logging.WARNING, logger="slotune.process"):
+            path.write_text(text + 'downstream = ["redis"]\n')
+            assert daemon.reload()
+            said = [r.message for r in caplog.records if "cannot be timed" in r.message]
+            assert said and said[0].startswith("service app: downstream redis cannot be timed")
+            assert daemon.reload()                        # the same config again: nothing new to say
+        assert len([r for r in caplog.records if "cannot be timed" in r.message]) == 1
+    finally:
+        daemon.close()
+
+
+def test_a_server_is_known_by_its_usual_port_or_its_program_named_in_the_cmdline():
+    from slotune.model import servers
+    assert servers.found_as(None, "^/usr/bin/redis-server ")[1] == "cmdline redis-server"
+    assert servers.found_as(5432, None)[0].protocol == "PostgreSQL"
+    assert servers.found_as(None, "postgres_exporter") is None      # an exporter speaks HTTP
+    assert servers.found_as(8000, "uvicorn app:app") is None
+
+
+def test_a_service_that_can_never_be_timed_says_so_from_the_start_not_warming_up():
+    why = "found by port 6379, it is a Redis server; to time it, give redis a metrics_url"
+    for n in (2, 40):
+        idle = [Window("redis", t, t + 1.0, 0.5) for t in range(n)]
+        e = explain("redis", {"redis": idle}, recent_s=1.0, untimeable={"redis": why})
+        assert e.verdict == f"redis: cannot be timed: {why}"
+    # Where its requests are timed after all (it speaks HTTP on that port), it is explained.
+    timed = [window(t, service="redis") for t in range(3)]
+    assert "warming up" in explain("redis", {"redis": timed}, recent_s=1.0, untimeable={"redis": why}).verdict
 
 
 def test_transport_causes_read_tls_handshakes_and_retransmits_per_request():

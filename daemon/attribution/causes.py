@@ -179,6 +179,11 @@ def waiting(span: Window) -> float | None:
     return _family(span, "_num_requests_waiting", "gauges")
 
 
+def in_flight(span: Window) -> float | None:
+    """Requests being answered now, by the service's own gauges (the mean over a span)."""
+    return _family(span, "_inflight_requests", "gauges")
+
+
 def queue(span: Window) -> Reading | None:
     """Waiting sequences as the mean wait they mean (Little's law: waiting / the
     rate at which requests leave the queue, one first token each)."""

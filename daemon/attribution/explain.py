@@ -32,6 +32,11 @@ tail is):
 - more load is a cause of its own ("offered_load"): when requests come faster
   than the baseline's usual rate, the service's queueing rise and the growth no
   other measured cost explains are credited to it (see _offered_load).
+- so is falling behind ("queueing"): when the service answers fewer requests than
+  arrive, the growth the measured causes leave even scaled up is its queue's; the
+  queue is credited to the run-queue wait and blocking that rose where the service
+  answers fewer than it usually does (they slowed it), else to "queueing" (it answers
+  as many as ever and more arrive: an overload). See _falling_behind.
 - shares = credited seconds / growth: what made the tail move. What was
   there all along (the usual tail) is nobody's share. A downstream service's share is split
   again by its own explanation, so the answer names a path.
@@ -78,6 +83,9 @@ HORIZON_S = 300.0        # look-back: a fault stays named until it fills half of
 BASELINE_SPANS = 60      # the calm spans the baseline is summarised from, latest first
 LOAD_RISE = 0.2          # requests coming this much above the baseline's usual rate are more load
 QUEUES = ("batch_queue_wait",)   # the queueing more load explains
+FALLING_BEHIND = 0.05    # a service leaving more than this share of its arrivals waiting falls behind
+FALLING_BEHIND_RPS = 1.0  # if more than this many a second (one read in a span, answered in the next, is no queue)
+QUEUEING = "queueing"    # falling behind as a cause, where no stall made the service answer fewer
 
 
 @dataclass(frozen=True)
@@ -92,11 +100,12 @@ class Evidence:
     rise_s: float
     short: str = ""                   # the signal in one word, for the verdict; "" = not shown
     credited_s: float | None = None   # None until credited
+    note: str = ""                    # what the verdict says of it instead ("45 arriving/s, 40 answered/s")
 
     def as_status(self) -> dict:
         out = {"signal": self.signal, "unit": self.unit, "baseline": self.baseline, "recent": self.recent,
                "rise_s": self.rise_s}
-        return out | ({"short": self.short} if self.short else {}) | \
+        return out | ({"short": self.short} if self.short else {}) | ({"note": self.note} if self.note else {}) | \
             ({"credited_s": self.credited_s} if self.credited_s is not None else {})
 
 
@@ -272,6 +281,37 @@ STALLS = ("runqueue_wait", "blocking_syscalls")   # they stretch everything the 
 PER_REQUEST = (*STALLS, "connect", "tls_handshake", "network_rtt", "retransmits")   # the kernel's own costs
 
 
+def _falling_behind(split: _Split, evidence: dict[str, Evidence],
+                    attributable: float) -> tuple[dict[str, Evidence], dict[str, float]]:
+    """A service that answers fewer requests than arrive falls behind: its queue grows and
+    each request waits behind more. It does when the recent span left waiting (spans._queued:
+    arrivals beyond answers, or the in-flight gauge's rise) more than FALLING_BEHIND of its
+    arrivals, FALLING_BEHIND_RPS and 2 robust deviations of the baseline spans' own. The
+    growth the measured causes leave even scaled up TAIL_GAIN times is then the queue's:
+    the run-queue wait and blocking that rose take it (in proportion to their rises) where
+    the service answers FALLING_BEHIND fewer a second than the baseline spans' median (they
+    slowed it: the queue is their doing); else QUEUEING does (it answers as many as ever and
+    more arrive: an overload, or a slowdown nothing measured). Returns the evidence, and the
+    seconds of the growth each of those causes takes as the queue's (see _credit)."""
+    now, base = split.recent, split.baseline
+    arriving = now.answered_rps + now.queued_rps
+    left = attributable - TAIL_GAIN * sum(e.rise_s for e in evidence.values())
+    queued = np.array([s.queued_rps for s in base])
+    if left <= 0 or now.queued_rps <= max(FALLING_BEHIND * arriving, FALLING_BEHIND_RPS,
+                                         NOISE_SIGMAS * _robust_sd(queued)):
+        return evidence, {}
+    note = f"{_rounded(arriving)} arriving/s, {_rounded(now.answered_rps)} answered/s" + (
+        f", {now.in_flight:.0f} in flight" if now.in_flight is not None else "")
+    stalls = {c: evidence[c].rise_s for c in STALLS if c in evidence and evidence[c].rise_s > 0}
+    if stalls and now.answered_rps < (1 - FALLING_BEHIND) * _median([s.answered_rps for s in base]):
+        total = sum(stalls.values())
+        return evidence | {c: replace(evidence[c], note=note) for c in stalls}, \
+            {c: left * rise / total for c, rise in stalls.items()}
+    queue = Evidence("requests arriving per second beyond those answered", "1/s", baseline=_median(queued),
+                     recent=now.queued_rps, rise_s=left, note=note)
+    return evidence | {QUEUEING: queue}, {QUEUEING: left}
+
+
 def _discount_own_clock(evidence: dict[str, Evidence]) -> dict[str, Evidence]:
     """Tool calls timed by the caller include the caller's own stalls (a blocked event
     loop answers the tool's reply late): take the stalls' tail off them first."""
@@ -302,12 +342,14 @@ def _moves(split: _Split, own_rise: float) -> dict[str, tuple[float, float, floa
             "P50": judged(split.recent.p50 - split.p50, split.p50_sigma_s, split.p50)}
 
 
-def _credit(growth: float, rises: dict[str, float]) -> dict[str, float]:
+def _credit(growth: float, rises: dict[str, float], queued: dict[str, float]) -> dict[str, float]:
+    """The growth split in proportion to the rises, scaled up at most TAIL_GAIN times; the
+    seconds queued (_falling_behind: what the scaled rises leave) are added as they are."""
     total = sum(rises.values())
-    if growth <= 0 or total <= 0:
-        return {c: 0.0 for c in rises}
-    scale = min(growth / total, TAIL_GAIN)
-    return {c: r * scale for c, r in rises.items()}
+    rest = growth - sum(queued.values())
+    scale = min(rest / total, TAIL_GAIN) if rest > 0 and total > 0 else 0.0
+    credit = {c: r * scale for c, r in rises.items()}
+    return credit | {c: credit.get(c, 0.0) + s for c, s in queued.items()}
 
 
 def _jitter(split: _Split, downstream_windows: Mapping[str, Sequence[Window]]) -> tuple[float, dict[str, float]]:
@@ -346,19 +388,23 @@ def call_graph(services) -> dict[str, tuple[str, ...]]:
 
 def explain(service: str, history: Mapping[str, Sequence[Window]],
             downstream: Mapping[str, Sequence[str]] | None = None, *, now: float | None = None,
-            recent_s: float = RECENT_S, horizon_s: float = HORIZON_S) -> Explanation:
+            recent_s: float = RECENT_S, horizon_s: float = HORIZON_S,
+            untimeable: Mapping[str, str] | None = None) -> Explanation:
     """Explain `service`'s tail from history[service] (windows, oldest first),
-    following downstream[service] (names of services it calls) recursively."""
-    return _Explainer(history, downstream or {}, now, recent_s, horizon_s).explain(service, frozenset())
+    following downstream[service] (names of services it calls) recursively;
+    untimeable: service -> why its requests can never be timed (attribution/timeable.py)."""
+    return _Explainer(history, downstream or {}, now, recent_s, horizon_s, untimeable or {}).explain(service,
+                                                                                                   frozenset())
 
 
 def explain_all(history: Mapping[str, Sequence[Window]], downstream: Mapping[str, Sequence[str]] | None = None, *,
                 now: float | None = None, recent_s: float = RECENT_S, horizon_s: float = HORIZON_S,
+                untimeable: Mapping[str, str] | None = None,
                 guard=lambda service, explain: explain()) -> dict[str, Explanation]:
     """Every service in history explained once (the daemon calls this each window);
     guard(service, explain) runs each one's explain() (the daemon's bulkhead: None where it
     failed, and that service has no explanation this time)."""
-    ex = _Explainer(history, downstream or {}, now, recent_s, horizon_s)
+    ex = _Explainer(history, downstream or {}, now, recent_s, horizon_s, untimeable or {})
     out = {name: guard(name, lambda name=name: ex.explain(name, frozenset())) for name in history}
     return {name: e for name, e in out.items() if e is not None}
 
@@ -366,8 +412,8 @@ def explain_all(history: Mapping[str, Sequence[Window]], downstream: Mapping[str
 class _Explainer:
     """One pass over the services at one instant; each service is explained once."""
 
-    def __init__(self, history, downstream, now, recent_s, horizon_s):
-        self.history, self.downstream = history, downstream
+    def __init__(self, history, downstream, now, recent_s, horizon_s, untimeable):
+        self.history, self.downstream, self.untimeable = history, downstream, untimeable
         self.now = now if now is not None else max((ws[-1].end for ws in history.values() if ws), default=0.0)
         self.recent_s, self.horizon_s = recent_s, horizon_s
         self.done: dict[str, Explanation] = {}
@@ -397,10 +443,13 @@ class _Explainer:
 
     def _warming(self, service: str, what: str, windows: list[Window]) -> Explanation:
         """No explanation yet: too few windows with requests, or none lately (a server whose
-        running batch admits nobody gives no first token however many wait)."""
+        running batch admits nobody gives no first token however many wait), or none ever
+        (a service whose requests the config says cannot be timed, as long as none is)."""
         name = f"{service}{' ' + what if what else ''}"
         answered = [w for w in _ending_in(windows, self.now - self.horizon_s, math.inf)
                     if (timed(w, what.lower()) if what else w.requests)]
+        if not what and not answered and service in self.untimeable:
+            return Explanation(service, f"{name}: cannot be timed: {self.untimeable[service]}")
         talking = [w for w in windows if any(sig == signals.TCP_RTT and h.count for (sig, _), h in w.histograms.items())]
         if not what and not answered and len(talking) > MIN_BASELINE_SPANS:
             return Explanation(service, f"{name}: {len(talking)} windows with TCP traffic but no request timed: its "
@@ -420,13 +469,15 @@ class _Explainer:
         moved = max(moves, key=lambda m: moves[m][0] - moves[m][1])   # further beyond its band
         growth, noise, attributable = moves[moved]
         evidence = _discount_own_clock(evidence | _downstream_rises(below, moved))
+        queued: dict[str, float] = {}
         if not what:
-            evidence = _offered_load(split, evidence, attributable)
+            evidence, queued = _falling_behind(split, _offered_load(split, evidence, attributable), attributable)
 
         p50_base, p99_base = split.p50, split.p99
         p99 = split.recent.p99
         excess = max(p99 - p50_base, 0.0)
-        credit = _credit(attributable, {c: e.rise_s for c, e in evidence.items()})
+        rises = {c: e.rise_s for c, e in evidence.items() if c != QUEUEING}
+        credit = _credit(attributable, rises, queued)
         evidence = {c: replace(e, credited_s=credit[c]) if c in credit else e for c, e in evidence.items()}
         shares = {c: (s / growth if growth > 0 else 0.0) for c, s in credit.items()}
         jitter_s, jitter_shares = _jitter(split, {d: self.history[d] for d in below})
@@ -434,7 +485,7 @@ class _Explainer:
                           usual_tail_s=max(p99_base - p50_base, 0.0), moved=moved, moves=moves,
                           p50_s=split.recent.p50, p99_s=p99, jitter_s=jitter_s, jitter_shares=jitter_shares,
                           evidence=evidence, downstream=below, what=what)
-        _conclude(exp, attributable, noise, sum(e.rise_s for e in evidence.values()))
+        _conclude(exp, attributable, noise, sum(rises.values()) + sum(queued.values()))
         return exp
 
 
@@ -461,12 +512,13 @@ def _conclude(exp: Explanation, attributable: float, noise: float, total_rise: f
 
 
 def _moved_signal(exp: Explanation, path: list[tuple[str, str, float]]) -> str:
-    """' (waiting 14 → 52)': the signal that moved, for a cause that names one in a word."""
+    """' (waiting 14 → 52)': the signal that moved, for a cause that names one in a word,
+    or what its note says (' (45 arriving/s, 40 answered/s)')."""
     service, cause, _ = path[-1]
     e = exp.evidence.get(cause) if service == exp.service else None
-    if e is None or not e.short:
+    if e is None or not (e.short or e.note):
         return ""
-    return f" ({e.short} {_rounded(e.baseline)} → {_rounded(e.recent)})"
+    return f" ({e.note})" if e.note else f" ({e.short} {_rounded(e.baseline)} → {_rounded(e.recent)})"
 
 
 def _rounded(v: float) -> str:

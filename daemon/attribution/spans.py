@@ -1,7 +1,7 @@
 """What attribution reads out of a service's windows, each worked out once and kept
 with the windows it describes (Window.derived: a Window never changes once built), so
 that each second reads only the windows added since the last (daemon/model/columns.py):
-a span's merged Window and its Stats (median, P99, cause readings, arrivals), which
+a span's merged Window and its Stats (median, P99, cause readings, arrivals, answers), which
 request timing a span is read from, the baseline's spans, and the jitter regression's
 rows. daemon/attribution/explain.py is the method that judges them."""
 from __future__ import annotations
@@ -71,12 +71,16 @@ def request_timing(w: Window, source: str):
 
 @dataclass
 class Stats:
-    """What attribution reads from one span: its median, its P99, every cause and
-    the requests that arrived per second (_arrivals)."""
+    """What attribution reads from one span: its median, its P99, every cause, the
+    requests that arrived per second (_arrivals), those answered (_answered), those left
+    waiting (_queued) and the service's own in-flight gauge, if it has one."""
     p50: float
     p99: float
     readings: dict[str, causes.Reading]
     offered_rps: float = 0.0
+    answered_rps: float = 0.0
+    queued_rps: float = 0.0
+    in_flight: float | None = None
 
 
 # What attribution works out of a window is kept in its Window.derived (a Window never
@@ -120,6 +124,27 @@ def _arrivals(w: Window, source: str) -> float:
     return w.counters.get(EBPF_ARRIVED, 0.0) if source == "ebpf" else w.requests + w.rejected
 
 
+def _answered(w: Window, source: str) -> float:
+    """Requests answered in the window, refusals among them: those the kernel timed
+    ("ebpf"), else those the service counted."""
+    if source == "ebpf":
+        h = w.histograms.get(EBPF_LATENCY)
+        return float(h.count) if h is not None else 0.0
+    return w.requests + w.rejected
+
+
+def _queued(ws: Sequence[Window], span: Window, source: str) -> float:
+    """Requests per second that came and were left waiting: the kernel's arrivals beyond
+    its answers ("ebpf"), else the rise of the service's own in-flight gauge from the
+    span's first window to its last (the service counts a request only once answered)."""
+    if source == "ebpf":
+        return (_arrivals(span, source) - _answered(span, source)) / span.seconds
+    first, last = causes.in_flight(ws[0]), causes.in_flight(ws[-1])
+    if first is None or last is None or ws[-1].end <= ws[0].end:
+        return 0.0
+    return (last - first) / (ws[-1].end - ws[0].end)
+
+
 def stats(ws: Sequence[Window], source: str) -> Stats:
     """Stats of windows merged; remembered while the windows live."""
     known = ws[0].derived
@@ -130,7 +155,8 @@ def stats(ws: Sequence[Window], source: str) -> Stats:
     timing = request_timing(span, source)
     p50, p99 = timing.quantiles((0.5, 0.99)) if timing is not None else (math.nan, math.nan)
     value = Stats(p50, p99, causes.read_all(span, source if source in TOKENS else "latency"),
-                   _arrivals(span, source) / span.seconds)
+                  _arrivals(span, source) / span.seconds, _answered(span, source) / span.seconds,
+                  _queued(ws, span, source), causes.in_flight(span))
     known[key] = value
     return value
 

@@ -25,6 +25,7 @@ from slotune.collectors.kernel.targeting import command_line, listening_rows, ne
 from slotune.collectors.service_metrics import parse_stub_status
 from slotune.profiles.haproxy import target_error
 from slotune.host.http_exchange import exchange
+from slotune.model import servers
 from slotune.profiles import haproxy_config
 
 NAME = "discover"
@@ -38,9 +39,7 @@ EXAMPLES = """  slotune discover                               # the table, then
 """
 PROBE_PATHS = ("/metrics", "/stats/prometheus", "/stub_status", "/nginx_status", "/basic_status")
 MAX_BYTES = 1 << 20
-# Servers that speak no HTTP and log an HTTP request as an attack: named, never probed.
-NOT_HTTP = {"redis-server": "redis", "postgres": "postgres", "mysqld": "mysql", "mariadbd": "mysql",
-            "memcached": "memcached", "sshd": "ssh"}
+NOT_HTTP = servers.BY_PROGRAM     # process name -> server that speaks no HTTP: named, never probed
 ALWAYS = ("runqueue", "offcpu", "tcp", "exec")    # the probe families that see any process by its port
 # profile -> how its own config names the concurrency limit of a port: (pid, port) -> (Admission | None, hints)
 OWN_CONFIG = {"haproxy": haproxy_config.admission_of}

@@ -52,6 +52,7 @@ class Family:
     name = ""                                         # in daemon.probes and `slotune probes --family`
     source = ""                                       # bpf/<source>.bpf.c
     signals: tuple[Signal, ...] = ()
+    times: tuple[str, ...] = ()                       # the protocols whose requests it times ("HTTP/1")
     tracepoints: Points = ()                          # (tracepoint, fn)
     raw_tracepoints: Points = ()                      # (tracepoint, fn) attached raw: no trace record
     defines: dict[str, int] = {}                      # label ids and the like, as C #defines

@@ -10,7 +10,7 @@ from slotune.collectors.kernel import sockets
 from slotune.collectors.kernel.family import Family, Map, Signal
 from slotune.collectors.kernel.helpers import PT_REGS
 from slotune.collectors.kernel.maps import set_entries
-from slotune.model import routes as route_class
+from slotune.model import routes as route_class, servers
 from slotune.model.signals import HTTP_ARRIVED, HTTP_FIRST_BYTE, HTTP_REFUSED, HTTP_REQUEST, HTTP_STATUS, HTTP_WRITE_GAP
 
 STATUS_CLASSES = {n: f"{n}xx" for n in range(2, 6)}   # label id: the status code's first digit
@@ -40,6 +40,7 @@ def path_hash(path: str) -> int:
 
 class Http(Family):
     name = source = "http"
+    times = (servers.HTTP,)
     signals = (Signal(HTTP_REQUEST, "slotune_http_request_duration_seconds", None, "histogram",
                       "HTTP/1.x request latency seen from the kernel: the request's first read to the last "
                       "write of its response (all of a streamed one)"),
