@@ -5,6 +5,9 @@ four arms run alternately, each on a fresh stack (its own Redis, empty caches):
   shipped     the settings the stack ships with (no limit, no dimmer), no daemon
   whitepaper  the daemon with every tuner on `policy = "whitepaper"`
   slotune     the daemon with slotune's policies
+(the daemon's tuners: the gateway's throttle, dimmer and sampling rate; with
+`--batch-tuner` the inference server's batch size too, which every arm otherwise keeps at 8,
+as the oracle's sweep does: a static arm's batch is not swept, so a tuned one is not compared)
   oracle      the best static settings for that profile, from a short sweep of it run
               before the rounds, no daemon (the table says them: concurrency limit, ratio)
 
@@ -23,6 +26,8 @@ shares, errors, and the client-side P50/P99. Medians over the rounds with [min-m
     python -m bench.closed_loop --quick         # 1 round of short phases and a 2-point sweep, a smoke run
     python -m bench.closed_loop --profiles 1.5x,step --rounds 5 --json /tmp/closed_loop.json
     python -m bench.closed_loop --arms whitepaper,slotune,oracle   # without the shipped settings' arm
+    python -m bench.closed_loop --profiles 1.5x --oracle 16,0      # that oracle, no sweep
+    python -m bench.closed_loop --batch-tuner                      # the daemon's arms tune the batch size too
 
 Needs root (the daemon's eBPF probes)."""
 from __future__ import annotations
@@ -68,13 +73,14 @@ ORACLE_GRID = {"concurrency_limit": (8, 16, 32), "degrade_ratio": (0.0, 0.5, 1.0
 QUICK_GRID = {"concurrency_limit": (16,), "degrade_ratio": (0.0, 1.0), "max_batch_size": (8,)}
 
 
-def tuners_toml(policy: str) -> str:
-    """The gateway's and the inference server's tuner tables, every tuner on `policy`."""
+def tuners_toml(policy: str, batch: bool) -> tuple[str, str]:
+    """The gateway's and the inference server's tuner tables, every tuner on `policy`
+    (batch: with the inference server's batch tuner; without, its batch size stays 8)."""
     def table(service: str, tuner: str, interval_s: float, extra: str = "") -> str:
         return f'[services.{service}.tuners.{tuner}]\npolicy = "{policy}"\ninterval_s = {interval_s}\n{extra}'
     return (table("gateway", "throttle", 1.0) + table("gateway", "degrade", 1.0)
             + table("gateway", "sampling", 5.0, "budget_traces_per_s = 2.0\n"),
-            table("inference", "batch", 5.0))
+            table("inference", "batch", 5.0) if batch else "")
 
 
 @dataclass
@@ -131,7 +137,7 @@ def stop_daemon(proc: subprocess.Popen) -> None:
 
 
 def run_arm(arm: str, profile: str, rnd: int, capacity: float, oracle: dict, quick: bool, work: Path,
-            inference_args: list[str]) -> Run:
+            inference_args: list[str], batch_tuner: bool) -> Run:
     """A fresh stack with the arm's settings (and daemon), the profile's load, then both stopped."""
     policy = {"whitepaper": "whitepaper", "slotune": "slotune"}.get(arm)
     settings = {"oracle": {"gateway": {k: v for k, v in oracle.items() if k != "max_batch_size"},
@@ -145,7 +151,7 @@ def run_arm(arm: str, profile: str, rnd: int, capacity: float, oracle: dict, qui
     try:
         if policy:
             port = launcher.free_ports(1)[0]
-            gateway_tuners, inference_tuners = tuners_toml(policy)
+            gateway_tuners, inference_tuners = tuners_toml(policy, batch_tuner)
             config_path = run_dir / "slotune.toml"
             config_path.write_text(for_reference_stack(state, port, run_dir, gateway_slo_ms=GATEWAY_SLO_MS,
                                                        inference_slo_ms=INFERENCE_SLO_MS, environment="bench",
@@ -246,7 +252,19 @@ def main(argv=None) -> int:
                     help="queries/s taken as 1x (default: the paced server's, or with --cpu measured)")
     ap.add_argument("--quick", action="store_true", help="1 round of short phases and a 2-point sweep")
     ap.add_argument("--json", type=Path, default=None, help="write every round's figures and settings here")
+    ap.add_argument("--oracle", default=None, metavar="LIMIT,RATIO",
+                    help="the oracle's concurrency limit and degrade ratio for every profile, no sweep")
+    ap.add_argument("--batch-tuner", action="store_true",
+                    help="the daemon's arms run the inference server's batch tuner too (by default every arm "
+                         "keeps batch 8, as the oracle's sweep does)")
     args = ap.parse_args(argv)
+    given = None
+    if args.oracle:
+        try:
+            limit, ratio = (float(v) for v in args.oracle.split(","))
+        except ValueError:
+            ap.error(f"--oracle {args.oracle!r}: give LIMIT,RATIO, e.g. 16,0")
+        given = {"concurrency_limit": int(limit), "degrade_ratio": ratio, "max_batch_size": 8}
     profiles = [p for p in args.profiles.split(",") if p]
     if bad := [p for p in profiles if p not in PROFILES]:
         ap.error(f"--profiles: unknown {', '.join(bad)}; choose from {', '.join(PROFILES)}")
@@ -264,11 +282,11 @@ def main(argv=None) -> int:
     try:
         capacity = args.capacity or (measure_capacity(state["query_url"]) if args.cpu
                                      else Pace.parse(PACE).capacity(BATCH, ANSWER_TOKENS))
-        print(f"    capacity {capacity:.1f} queries/s ({'measured' if args.cpu else 'paced'}); sweeping the "
-              f"static settings per profile", flush=True)
+        print(f"    capacity {capacity:.1f} queries/s ({'measured' if args.cpu else 'paced'}); "
+              f"{'the oracle as given' if given else 'sweeping the static settings per profile'}", flush=True)
         for profile in profiles:
-            oracles[profile], swept[profile] = sweep(StackClient(state), capacity,
-                                                     QUICK_GRID if args.quick else ORACLE_GRID, profile, args.quick)
+            oracles[profile], swept[profile] = (given, []) if given else sweep(
+                StackClient(state), capacity, QUICK_GRID if args.quick else ORACLE_GRID, profile, args.quick)
     finally:
         launcher.stop(cfg.run_dir)
     print(f"    oracles: {oracles}", flush=True)
@@ -277,7 +295,8 @@ def main(argv=None) -> int:
         order = arms[rnd % len(arms):] + arms[:rnd % len(arms)]      # each arm in each slot in turn
         for arm in order:
             t = time.monotonic()
-            run = run_arm(arm, profile, rnd, capacity, oracles[profile], args.quick, work, inference_args)
+            run = run_arm(arm, profile, rnd, capacity, oracles[profile], args.quick, work, inference_args,
+                          batch_tuner=args.batch_tuner)
             f = {"arm": arm, "profile": profile, "round": rnd, **figures(run)}
             results.append(f)
             runs.append({**f, "settings": run.trace})

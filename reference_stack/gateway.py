@@ -31,7 +31,7 @@ from .embedding import embed
 from .intent import IntentGate
 from .ports import port
 from .ratelimit import TokenBucket
-from .service import common_arguments, json_error, load_settings, make_app, serve, token_file
+from .service import LATENCY_BUCKETS, common_arguments, json_error, load_settings, make_app, serve, token_file
 from .settings import Setting
 from .tools import TOOLS
 from .tracing import TraceSampler
@@ -63,19 +63,18 @@ SETTINGS = [
     Setting("degrade_max_tokens", int, 1, 4096, 4,
             "max_new_tokens (openai API: max_tokens) asked of the LLM for a dimmed answer"),
 ]
-BUCKETS = (.005, .01, .025, .05, .075, .1, .15, .2, .3, .5, .75, 1, 1.5, 2, 3, 5, 10)
 INFERENCE_APIS = ("generate", "openai")
-REQUEST = Histogram("gateway_request_duration_seconds", "time to answer a query", ["outcome"], buckets=BUCKETS)
+REQUEST = Histogram("gateway_request_duration_seconds", "time to answer a query", ["outcome"], buckets=LATENCY_BUCKETS)
 TTFT = Histogram("gateway_time_to_first_token_seconds",
                  "a query's arrival to the LLM's first token reaching the gateway (openai API only)",
                  buckets=(.001, .0025, .005, .0075, .01, .015, .02, .03, .05, .075, .1, .15, .2, .3, .5, .75, 1,
                           1.5, 2, 3, 5, 10))
-STAGE = Histogram("gateway_stage_duration_seconds", "time spent per stage of a query", ["stage"], buckets=BUCKETS)
+STAGE = Histogram("gateway_stage_duration_seconds", "time spent per stage of a query", ["stage"], buckets=LATENCY_BUCKETS)
 CACHE = Counter("gateway_cache_requests_total", "tool-result cache lookups by the level that answered", ["level"])
 DEGRADED = Counter("gateway_degraded_total", "answers given degraded (still 200), by why: dimmer or tools",
                    ["reason"])
 TOOL_CALLS = Counter("gateway_tool_calls_total", "tool calls by outcome", ["tool", "outcome"])
-TOOL_TIME = Histogram("gateway_tool_duration_seconds", "tool call time seen by the gateway", ["tool"], buckets=BUCKETS)
+TOOL_TIME = Histogram("gateway_tool_duration_seconds", "tool call time seen by the gateway", ["tool"], buckets=LATENCY_BUCKETS)
 BREAKER_OPEN = Gauge("gateway_breaker_open", "1 while the tool's circuit breaker is open", ["tool"])
 RATE_LIMITED = Counter("gateway_rate_limited_total", "queries refused by the rate limit")
 CONCURRENCY_LIMITED = Counter("gateway_concurrency_limited_total", "queries refused by the concurrency limit")

@@ -21,7 +21,7 @@ from .llm import server as llm_server
 from .model import Generator, ModelConfig, pick_device
 from .paced import Pace
 from .ports import port
-from .service import common_arguments, json_error, load_settings, make_app, serve, token_file
+from .service import LATENCY_BUCKETS, common_arguments, json_error, load_settings, make_app, serve, token_file
 from .settings import Setting
 
 PORT = port("inference")
@@ -34,7 +34,6 @@ SETTINGS = [
 ]
 
 MODES = ("generate", "llm")
-LATENCY_BUCKETS = (.005, .01, .025, .05, .075, .1, .15, .2, .3, .5, .75, 1, 1.5, 2, 3, 5, 10)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -135,18 +135,23 @@ def test_the_dimmer_s_verdict_from_the_windows_the_throttle_and_the_dimmer_read_
         return Inputs(history[-1].end, history[-1:], history, c, {}, 1.0, lambda *_: None,
                       settings={"degrade_ratio": 0.5}, running=frozenset({"throttle", "degrade"}))
     # two busy seconds in a row of full answers alone (600 ms queued, over the dimmer's ~480 ms budget):
-    # 100 a second is what they carry; then 8 seconds degrading 60 of 110 within budget (the first 4 ignored)
+    # 100 a second is what they carry; then 3 seconds degrading 60 of 110 within budget (the first settles)
     busy = [dimmer_window(float(t), 100, 0, 600.0, refused=20.0) for t in range(3)]
-    mixed = [dimmer_window(float(t), 110, 60, 50.0) for t in range(3, 11)]
+    mixed = [dimmer_window(float(t), 110, 60, 50.0) for t in range(3, 6)]
     v = degrade.observe(inputs(busy + mixed)).verdict
-    assert (v.pays, v.full_rps, v.worth_rps) == (False, 100.0, 80.0)     # 110 - 0.5 x 60
-    assert not throttle.observe(inputs(busy + mixed)).degrade_room   # the throttle refuses instead
+    assert (v.mixed, v.full_rps, v.worth_rps) == (False, 100.0, 80.0)    # 110 - 0.5 x 60
+    # degrading everything would carry at most 0.5 x the 110 offered: nothing left to try, the throttle refuses
+    assert not throttle.observe(inputs(busy + mixed)).degrade_room
     v = degrade.observe(inputs(busy + mixed, worth=0.9)).verdict
     assert (v.pays, v.worth_rps) == (True, 104.0)                        # worth 0.9 each: 110 - 0.1 x 60
     assert throttle.observe(inputs(busy + mixed, worth=0.9)).degrade_room
-    v = degrade.observe(inputs(busy + mixed[:7])).verdict
-    assert (v.pays, v.full_rps) == (None, 100.0)                         # 7 degrading: not yet
-    assert throttle.observe(inputs(busy + mixed[:7])).degrade_room
+    v = degrade.observe(inputs(busy + mixed[:2])).verdict
+    assert (v.pays, v.mixed, v.full_rps) == (None, None, 100.0)          # 2 degrading: not yet
+    assert throttle.observe(inputs(busy + mixed[:2])).degrade_room
+    # everything degraded, 150 answered, 75 worth/s: that does not pay either
+    whole = [dimmer_window(float(t), 150, 150, 50.0) for t in range(6, 9)]
+    v = degrade.observe(inputs(busy + mixed + whole)).verdict
+    assert (v.pays, v.mixed, v.whole) == (False, False, False)
 
 
 def ttft_window(service: str, t: float, ttft_ms: list[float]) -> Window:

@@ -37,8 +37,12 @@ SHARE = 0.9                   # slotune's queue-wait budget: this share of the t
 SETPOINT = P99_AIM - 0.05    # brownout's P99 setpoint as a share of the SLO, under the throttle's aim
 EVIDENCE_S = 300.0            # how far back the windows that say whether degrading pays reach
 FULL_ONLY, DEGRADING = 0.05, 0.2   # a window's degraded share: at most this, full answers only; at least, degrading
+ALL = 0.9                     # a window's degraded share from which it degraded (nearly) everything
 OVER = 1.1                    # a window offered this many times what it carried was overloaded
-FULL_WINDOWS, DEGRADED_WINDOWS = 2, 4   # windows of each kind before a verdict (twice as many degrading)
+FULL_WINDOWS = 2              # busy windows of full answers alone before K is known
+SETTLING, TRIED = 1, 2        # windows of a trial: the first holds the queue from before it, then these say
+LOAD_S = 5.0                  # the load offered, as the trials read it, is over this many seconds (a second's
+#                               count of Poisson arrivals at 55/s swings from 36 to 68)
 
 
 def queue_budget(slo_s: float, p99_s: float, queue_p99_s: float) -> float:
@@ -62,39 +66,70 @@ class Busy:
 @dataclass(frozen=True)
 class Verdict:
     """Whether degrading answers lets the service carry more worth a second than full
-    answers alone, from its busy windows: None until both kinds were seen."""
+    answers alone, from its busy windows and two trials: degrading the excess over what full
+    answers carry (`mixed`), and degrading everything (`whole`), each None until tried."""
     pays: bool | None = None
     full_rps: float = math.nan       # full answers a second it carried busy, degrading nothing
-    worth_rps: float = math.nan      # worth a second it carried busy while degrading
+    worth_rps: float = math.nan      # the most worth a second a trial carried
     why: str = "no busy window yet"
+    mixed: bool | None = None        # degrading the excess carried more worth than full answers alone
+    whole: bool | None = None        # degrading every answer did
+    full_most_rps: float = math.nan  # the most full answers a second any busy window carried
 
     @property
     def full_known(self) -> bool:
         return math.isfinite(self.full_rps)
 
+    def can_pay(self, offered_rps: float, worth: float) -> bool:
+        """Degrading may still pay at this load: it was seen to, or a trial is left that could.
+        Degrading everything carries at most `worth` x what is offered: within the most full
+        answers alone were seen to carry busy (K, a median, falls while a throttle in front
+        holds the service under what it can carry), nothing to try."""
+        if self.pays is not None:
+            return self.pays
+        return self.mixed is None or worth * offered_rps > self.full_most_rps
+
+
+def _trial_says(worths: list[float], full_rps: float) -> tuple[bool | None, float]:
+    """A trial's answer, past its settling window, and the worth a second it carried."""
+    if len(worths) < SETTLING + TRIED:
+        return None, math.nan
+    carried = float(np.median(worths[SETTLING:]))
+    return carried > full_rps, carried
+
 
 def verdict(busy: list[Busy], worth: float) -> Verdict:
-    """Busy windows degrading (nearly) nothing give the full-answer capacity, their median;
-    busy windows degrading at least DEGRADING of their answers give the worth carried
-    (full + worth x degraded a second), their median. A degraded answer that costs the
-    service nearly a full one's work (a batch that runs as long as its longest answer, a
-    degraded answer that still waits on the same model) carries less worth than refusing
-    would leave: then it does not pay."""
+    """Busy windows degrading (nearly) nothing give the full-answer capacity K, their
+    median; windows degrading at least DEGRADING of their answers (and under ALL) give the
+    worth carried degrading the excess, and windows degrading ALL or more the worth carried
+    degrading everything (full + worth x degraded a second), each the median past the
+    trial's settling window. A degraded answer that costs the service nearly a full one's
+    work (a batch that runs as long as its longest answer, a degraded answer that still
+    waits on the same model) carries less worth than refusing would leave: then it does
+    not pay; in a batch it may pay only when the whole batch is degraded, hence the second
+    trial."""
     full = [b.completed_rps for before, b in zip(busy, busy[1:])     # two in a row, offered a tenth more than
             if b.busy and before.busy and b.offered_rps >= OVER * b.completed_rps   # it carried: not a second's
             and b.degraded_rps <= FULL_ONLY * b.completed_rps]                      # bad luck at a lighter load
-    mixed = [b.completed_rps - (1 - worth) * b.degraded_rps for b in busy
-             if b.degraded_rps >= DEGRADING * b.completed_rps and (b.busy or not b.refused)]
     if len(full) < FULL_WINDOWS:
         return Verdict(why=f"{len(full)} busy window(s) of full answers alone, {FULL_WINDOWS} needed")
     full_rps = float(np.median(full))
-    if len(mixed) < 2 * DEGRADED_WINDOWS:
-        return Verdict(None, full_rps, why=f"full answers alone carry {full_rps:.0f}/s busy; "
-                                           f"{len(mixed)} busy window(s) degrading, {DEGRADED_WINDOWS} needed")
-    worth_rps = float(np.median(mixed[DEGRADED_WINDOWS:]))   # the first ones find the ratio
-    pays = worth_rps > full_rps
-    return Verdict(pays, full_rps, worth_rps, f"degrading, it carried {worth_rps:.0f} worth/s; busy with full "
-                                              f"answers alone, {full_rps:.0f}/s")
+    carried = [(b.degraded_rps / b.completed_rps, b.completed_rps - (1 - worth) * b.degraded_rps) for b in busy
+               if b.completed_rps > 0 and (b.busy or not b.refused)]
+    mixed, mixed_rps = _trial_says([w for share, w in carried if DEGRADING <= share < ALL], full_rps)
+    whole, whole_rps = _trial_says([w for share, w in carried if share >= ALL], full_rps)
+    head = f"busy with full answers alone, {full_rps:.0f}/s"
+    tried = [f"degrading the excess, {mixed_rps:.0f} worth/s"] * (mixed is not None) \
+        + [f"degrading all, {whole_rps:.0f} worth/s"] * (whole is not None)
+    if mixed or whole:
+        pays: bool | None = True
+    elif mixed is False and whole is False:
+        pays = False
+    else:
+        pays = None
+    worth_rps = max((w for w in (mixed_rps, whole_rps) if math.isfinite(w)), default=math.nan)
+    return Verdict(pays, full_rps, worth_rps, "; ".join([head, *tried]) if tried else f"{head}; no trial yet",
+                   mixed, whole, max(full))
 
 
 @dataclass(frozen=True)
@@ -109,6 +144,8 @@ class Observation:
     queue_p99_s: float | None = None  # P99 of the time answers waited for their turn; None: unmeasured
     #                                   (slotune then treats all of P99 as queue, as the throttle does)
     verdict: Verdict = field(default_factory=Verdict)   # whether degrading pays here (slotune's policy)
+    worth: float = WORTH   # what a degraded answer is worth, a full one being worth 1
+    load_rps: float = 0.0  # queries offered a second over the last LOAD_S (0: arrival_rps stands for it)
 
 
 def _idle(obs: Observation) -> bool:
@@ -185,6 +222,31 @@ class SlotuneState:
 
 
 FULL_CAP = 0.9       # the share of what full answers alone carried busy that the dimmer lets through full
+MIXED_MOST = 0.85    # the trial of degrading the excess degrades at most this share (ALL and more: everything)
+
+
+def _trial(state: SlotuneState, obs: Observation, offered: float):
+    """Whether degrading pays is not known yet: under pressure (a queue over the dimmer's
+    budget, refusals) with more offered than full answers alone carried busy, first degrade
+    the excess over FULL_CAP of that, then, if that did not pay and degrading everything
+    could (it carries at most worth x offered), everything. Each trial runs a few windows;
+    the verdict then says which pays, if either."""
+    v = obs.verdict
+    queue = obs.p99_s if obs.queue_p99_s is None else obs.queue_p99_s
+    pressed = queue > queue_budget(obs.slo_s, obs.p99_s, queue) or obs.refused_rps > 0 or state.ratio > 0
+    if offered <= v.full_rps or not pressed:
+        why = (f"{offered:.0f} queries/s offered is within the {v.full_rps:.0f} full answers/s it carried busy"
+               if pressed else "no queue over its budget and nothing refused")
+        return SlotuneState(0.0), Decision(changed(state.ratio, 0.0, SETTING), f"{why}: nothing degraded ({v.why})")
+    if v.mixed is None:
+        ratio = clamp(1.0 - FULL_CAP * v.full_rps / offered, DEGRADING + 0.05, MIXED_MOST)
+        why = f"trying whether degrading the excess pays: {offered:.0f} queries/s offered, {v.full_rps:.0f} carried full"
+    else:
+        ratio = 1.0
+        why = (f"degrading the excess did not pay; trying everything degraded, which may carry up to "
+               f"{obs.worth * offered:.0f} worth/s against up to {v.full_most_rps:.0f} full")
+    return (SlotuneState(ratio, offered * (1 - ratio), state.fast_below_rps, False),
+            Decision(changed(state.ratio, ratio, SETTING), f"{why} ({v.why})"))
 
 
 def _slotune_init(settings):
@@ -194,12 +256,17 @@ def _slotune_init(settings):
 def _slotune_decide(state: SlotuneState, obs: Observation):
     if _idle(obs):
         return state, Decision({}, "no completed requests")
-    if obs.verdict.pays is False or not obs.verdict.full_known:
+    v, offered = obs.verdict, obs.load_rps or max(obs.arrival_rps, obs.completed_rps)
+    if not v.full_known or not v.can_pay(offered, obs.worth):
         # degrading does not pay here (the throttle refuses instead), or it is not known yet
         # what full answers alone carry: the busy windows that say so come first
-        why = (f"degrading does not pay: {obs.verdict.why}" if obs.verdict.pays is False
-               else f"nothing degraded until it is known what full answers alone carry: {obs.verdict.why}")
+        why = (f"nothing degraded until it is known what full answers alone carry: {v.why}" if not v.full_known
+               else f"degrading does not pay: {v.why}" if v.pays is False
+               else f"degrading does not pay at {offered:.0f} queries/s: {v.why}; degrading all would carry at "
+                    f"most {obs.worth * offered:.0f} worth/s, full answers alone carried up to {v.full_most_rps:.0f}")
         return SlotuneState(0.0), Decision(changed(state.ratio, 0.0, SETTING), why)
+    if v.pays is None:
+        return _trial(state, obs, offered)
     queue = obs.p99_s if obs.queue_p99_s is None else obs.queue_p99_s
     budget = queue_budget(obs.slo_s, obs.p99_s, queue)
     slack = 0.1 * budget
@@ -280,11 +347,22 @@ def evidence(i: Inputs) -> Verdict:
     return verdict([r for w, r in zip(i.history, rows) if r is not None and w.end > since], worth)
 
 
+def has_room(ratio: float, v: Verdict, offered_rps: float, worth: float) -> bool:
+    """A dimmer at this ratio can still degrade more, and it may pay: the throttle lets it go first."""
+    return ratio < 1.0 and (not v.full_known or v.can_pay(offered_rps, worth))
+
+
+def load(i: Inputs) -> float:
+    """Queries offered a second (answered and refused) over the last LOAD_S."""
+    ws = [w for w in i.history if w.end > i.now - LOAD_S and w.seconds]
+    seconds = sum(w.seconds for w in ws)
+    return sum(w.requests + w.rejected for w in ws) / seconds if seconds else 0.0
+
+
 def room(i: Inputs) -> bool:
-    """A dimmer beside the throttle can still degrade more, and it pays: the throttle lets it go first."""
-    if "degrade" not in i.running or i.settings.get(SETTING, 1.0) >= 1.0:
-        return False
-    return evidence(i).pays is not False
+    """has_room() for the dimmer running beside the throttle, if one is."""
+    return "degrade" in i.running and has_room(i.settings.get(SETTING, 1.0), evidence(i), load(i),
+                                               i.tuner_option("degrade", "degraded_worth", WORTH))
 
 
 def observe(i: Inputs) -> Observation:
@@ -296,4 +374,5 @@ def observe(i: Inputs) -> Observation:
         now=i.now, slo_s=i.conf.spec.slo_p99_s, p99_s=i.quantile(hist, 0.99),
         arrival_rps=i.rate(lambda w: w.requests + w.rejected), completed_rps=i.rate(lambda w: w.requests),
         degraded_rps=i.rate(lambda w: i.answers_labelled(w, "outcome", DEGRADED)),
-        refused_rps=i.rate(lambda w: w.rejected), queue_p99_s=i.queue_p99(), verdict=evidence(i))
+        refused_rps=i.rate(lambda w: w.rejected), queue_p99_s=i.queue_p99(), verdict=evidence(i),
+        worth=i.tuner_option("degrade", "degraded_worth", WORTH), load_rps=load(i))

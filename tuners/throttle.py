@@ -219,6 +219,7 @@ class SlotuneState:
     cuts: int = 0                      # cuts in that run, none of which lowered P99 below cut_p99
     cut_to: float = 0.0                # the limit the last cut set
     just_cut: bool = False             # the last decision cut: its window still held the queue from before
+    last_p99: float = 0.0              # P99 of the window the last decision read
 
 
 def _slotune_init(settings):
@@ -227,6 +228,7 @@ def _slotune_init(settings):
 
 
 MISREAD_CUTS = 2  # cuts in a row that left P99 where it was: the wait was not queueing at this limit
+DRAINING = 0.9    # P99 this far under the last window's since a cut: the queue drains at the limit in force
 ENGINE_QUEUE_HELD = 0.25   # waiting over running inside the service from which its batch counts as full
 
 
@@ -255,6 +257,13 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
         # old limit: its queue says nothing of the new one. A second cut on it halves a limit
         # that already holds (TCP cuts its window once a round trip, for the same reason).
         new, why = state.limit, f"{over}, but the cut to {state.limit:.0f} shows from the next window: held one"
+    elif queue > budget and state.cuts and obs.p99_s <= DRAINING * state.last_p99:
+        # The queue the old limit let build drains at the new one, over as many windows as
+        # it is deep: cutting again while it falls halves a limit that holds (a real stack at
+        # 1.5x: 32 -> 16 -> 8 where 16 was the best static limit, the second cut on 408 ms
+        # two windows after 447 ms).
+        new, why = state.limit, (f"{over}, but falling ({state.last_p99 * 1e3:.0f} -> {obs.p99_s * 1e3:.0f} ms) "
+                                 f"since the cut to {state.cut_to:.0f}: its queue drains, held")
     elif queue > budget and state.cuts >= MISREAD_CUTS and obs.p99_s >= state.cut_p99:
         # A slower host (others' CPU, a slow dependency) reads as queueing too; cuts that did
         # not lower P99 show it was not: hold until P99 falls, not cut down to a few in flight.
@@ -274,7 +283,8 @@ def _slotune_decide(state: SlotuneState, obs: Observation):
         new, why = _loosen(state, obs, queue, budget, slack)
     new = clamp(new, *LIMIT_BOUNDS)
     cut_p99, cuts, cut_to = run
-    return (replace(state, limit=new, cut_p99=cut_p99, cuts=cuts, cut_to=cut_to, just_cut=new < state.limit),
+    return (replace(state, limit=new, cut_p99=cut_p99, cuts=cuts, cut_to=cut_to, just_cut=new < state.limit,
+                    last_p99=obs.p99_s),
             Decision(changed(state.limit, new, "concurrency_limit"), why))
 
 

@@ -114,6 +114,7 @@ def run(policy, model: ServiceModel, arrivals: np.ndarray, slowdown: np.ndarray,
         good_degraded[w] = np.count_nonzero(dim & (lat <= model.slo_s))
         queue_p99 = quantiles(np.asarray(waits[w]))[2]
         verdict = degrade.Verdict()
+        load = float(offered[max(0, w + 1 - int(degrade.LOAD_S)):w + 1].mean())   # the dimmer's smoothed load
         if dimmer is not None:
             if lat.size:
                 busy.append((w, degrade.Busy(float(lat.size), degraded[w], offered[w], rejected[w] > 0,
@@ -124,14 +125,15 @@ def run(policy, model: ServiceModel, arrivals: np.ndarray, slowdown: np.ndarray,
                                        arrival_rps=offered[w], completed_rps=float(lat.size), goodput_rps=good[w],
                                        rejected_rps=rejected[w], in_flight=max(peak[w], len(in_flight)),
                                        queue_p99_s=queue_p99,
-                                       degrade_room=dimmer is not None and ratio < 1.0 and verdict.pays is not False)
+                                       degrade_room=dimmer is not None and degrade.has_room(ratio, verdict, load, worth))
             state, decision = policy.decide(state, obs)
             limit = decision.changes.get("concurrency_limit", limit)
             rate = decision.changes.get("rate_limit_rps", rate)
         if dimmer is not None and tick % int(degrade.INTERVAL_S) == 0:
             obs = degrade.Observation(now=float(tick), slo_s=model.slo_s, p99_s=p99, arrival_rps=offered[w],
                                       completed_rps=float(lat.size), degraded_rps=degraded[w],
-                                      refused_rps=rejected[w], queue_p99_s=queue_p99, verdict=verdict)
+                                      refused_rps=rejected[w], queue_p99_s=queue_p99, verdict=verdict,
+                                      worth=worth, load_rps=load)
             dim_state, decision = dimmer.decide(dim_state, obs)
             ratio = decision.changes.get(degrade.SETTING, ratio)
         setting_trace[w] = limit if limit != float("inf") else rate

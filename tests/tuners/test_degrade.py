@@ -30,21 +30,50 @@ def test_degrading_pays_when_it_carries_more_worth_than_full_answers_alone():
     assert degrade.verdict(busy(9, 150.0, 60.0, over=False), 0.5) == degrade.Verdict(
         why="0 busy window(s) of full answers alone, 2 needed")
     # full answers alone carried 100/s busy, two seconds in a row (the first of a run does not count);
-    # degrading not yet seen long enough (its first 4 seconds find the ratio, the next 4 count)
-    known = degrade.verdict(busy(3, 100.0) + busy(7, 150.0, 60.0, over=False), 0.5)
-    assert known.pays is None and known.full_rps == 100.0 and known.full_known
-    # within budget, 150/s answered, 60 of them degraded: 150 - 0.5 x 60 = 120 worth/s > 1.05 x 100
-    pays = degrade.verdict(busy(3, 100.0) + busy(8, 150.0, 60.0, over=False), 0.5)
-    assert (pays.pays, pays.worth_rps) == (True, 120.0)
-    # a degraded answer that costs nearly a full one's work: 110 answered, 80 degraded, 70 worth/s
-    assert degrade.verdict(busy(3, 100.0) + busy(10, 110.0, 80.0, over=False), 0.5).pays is False
+    # degrading not yet seen long enough (a trial's first second settles, the next 2 count)
+    known = degrade.verdict(busy(3, 100.0) + busy(2, 150.0, 60.0, over=False), 0.5)
+    assert known.pays is None and known.mixed is None and known.full_rps == 100.0 and known.full_known
+    # within budget, 150/s answered, 60 of them degraded: 150 - 0.5 x 60 = 120 worth/s > 100
+    pays = degrade.verdict(busy(3, 100.0) + busy(3, 150.0, 60.0, over=False), 0.5)
+    assert (pays.pays, pays.mixed, pays.worth_rps) == (True, True, 120.0)
+    # a degraded answer that costs nearly a full one's work: 110 answered, 80 degraded, 70 worth/s; degrading
+    # everything is still to try (in a batch as long as its longest answer, only a whole batch degraded saves)
+    excess = degrade.verdict(busy(3, 100.0) + busy(3, 110.0, 80.0, over=False), 0.5)
+    assert (excess.pays, excess.mixed, excess.whole) == (None, False, None)
+    # ... and everything degraded carried 190 answers, 95 worth/s: it does not pay either
+    assert degrade.verdict(busy(3, 100.0) + busy(3, 110.0, 80.0, over=False) + busy(3, 190.0, 190.0, over=False),
+                           0.5).pays is False
+    # ... 240 answers degraded, 120 worth/s: degrading everything pays where degrading some did not
+    whole = degrade.verdict(busy(3, 100.0) + busy(3, 110.0, 80.0, over=False) + busy(3, 240.0, 240.0), 0.5)
+    assert (whole.pays, whole.mixed, whole.whole, whole.worth_rps) == (True, False, True, 120.0)
     # worth 0.9 a degraded answer: the same 110 carry 102 worth/s, more than the 100 full answers
-    assert degrade.verdict(busy(3, 100.0) + busy(10, 110.0, 80.0, over=False), 0.9).pays is True
+    assert degrade.verdict(busy(3, 100.0) + busy(3, 110.0, 80.0, over=False), 0.9).pays is True
     # a second the limiter refused in with no queue: it carried what the limit let through, left out
-    assert degrade.verdict(busy(3, 100.0) + busy(10, 80.0, 60.0, refused=True, over=False), 0.5).pays is None
+    assert degrade.verdict(busy(3, 100.0) + busy(10, 80.0, 60.0, refused=True, over=False), 0.5).mixed is None
     # refusing with its queue over budget all the same, it carried all it could: counted (90 - 30 = 60)
-    v = degrade.verdict(busy(3, 100.0) + busy(8, 90.0, 60.0, refused=True, over=True), 0.5)
-    assert (v.pays, v.worth_rps) == (False, 60.0)
+    v = degrade.verdict(busy(3, 100.0) + busy(3, 90.0, 60.0, refused=True, over=True), 0.5)
+    assert (v.mixed, v.worth_rps) == (False, 60.0)
+
+
+def test_slotune_tries_degrading_the_excess_then_everything_where_that_could_pay():
+    sl, unknown = P["slotune"], degrade.Verdict(None, 100.0, why="busy with full answers alone, 100/s",
+                                                full_most_rps=110.0)
+    # 150 offered over the 100 full answers carried busy, a queue over budget: degrade all but 0.9 x 100
+    s, d = sl.decide(degrade.SlotuneState(0.0), obs(p99=0.9, queue=0.5, arrival=150.0, verdict=unknown))
+    assert d.changes["degrade_ratio"] == pytest.approx(0.4) and "degrading the excess" in d.reason
+    # no queue over budget, nothing refused: no trial
+    s, d = sl.decide(degrade.SlotuneState(0.0), obs(p99=0.3, queue=0.0, arrival=150.0, verdict=unknown))
+    assert s.ratio == 0.0 and d.changes == {}
+    # the excess did not pay; degrading all carries at most 0.5 x 150 = 75 worth/s, under the 110 full
+    # answers alone carried in their best busy second: not tried
+    excess_not = degrade.Verdict(None, 100.0, 70.0, "busy ...", mixed=False, full_most_rps=110.0)
+    s, d = sl.decide(degrade.SlotuneState(0.4), obs(p99=0.9, queue=0.5, arrival=150.0, verdict=excess_not))
+    assert d.changes == {"degrade_ratio": 0.0} and "does not pay at 150 queries/s" in d.reason
+    assert not degrade.has_room(0.0, excess_not, 150.0, 0.5)
+    # at 300 offered it may carry 150 > 110: everything degraded, and the throttle lets the dimmer go first
+    s, d = sl.decide(degrade.SlotuneState(0.4), obs(p99=0.9, queue=0.5, arrival=300.0, verdict=excess_not))
+    assert d.changes == {"degrade_ratio": 1.0} and "trying everything degraded" in d.reason
+    assert degrade.has_room(0.4, excess_not, 300.0, 0.5) and not degrade.has_room(1.0, excess_not, 300.0, 0.5)
 
 
 def test_slotune_lets_through_at_most_nine_tenths_of_what_full_answers_alone_carried_busy():
@@ -63,7 +92,8 @@ def test_slotune_lets_through_at_most_nine_tenths_of_what_full_answers_alone_car
 
 def test_slotune_degrades_nothing_until_full_answers_alone_were_seen_busy_nor_where_degrading_does_not_pay():
     sl = P["slotune"]
-    for verdict in (degrade.Verdict(), degrade.Verdict(False, 100.0, 70.0, "busy, degrading carried 70 ...")):
+    for verdict in (degrade.Verdict(), degrade.Verdict(False, 100.0, 70.0, "busy, degrading carried 70 ...",
+                                                      False, False)):
         s, d = sl.decide(degrade.SlotuneState(0.6, 40.0), obs(p99=0.9, queue=0.5, arrival=150.0, verdict=verdict))
         assert s == degrade.SlotuneState(0.0) and d.changes == {"degrade_ratio": 0.0}
         assert ("does not pay" if verdict.pays is False else "nothing degraded until") in d.reason

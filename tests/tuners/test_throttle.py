@@ -113,7 +113,9 @@ def test_slotune_holds_once_two_cuts_left_p99_where_it_was_and_when_the_limit_is
     assert s.limit == 10.0 and s.cuts == 2
     s, d = sl.decide(s, obs(**slow, in_flight=10))
     assert d.changes == {} and "did not lower P99" in d.reason
-    s, d = sl.decide(s, obs(p99=0.35, queue_p99=0.2, in_flight=10))   # P99 fell: a cut helps again
+    s, d = sl.decide(s, obs(p99=0.35, queue_p99=0.2, in_flight=10))   # P99 falls: the queue drains, held
+    assert d.changes == {} and "its queue drains" in d.reason
+    s, d = sl.decide(s, obs(p99=0.35, queue_p99=0.2, in_flight=10))   # it fell, then stays: a cut helps again
     assert d.changes == {"concurrency_limit": 5.0}
     s = sl.initial_state({"concurrency_limit": 40})
     s, _ = sl.decide(s, obs(**slow, in_flight=40))
@@ -122,6 +124,20 @@ def test_slotune_holds_once_two_cuts_left_p99_where_it_was_and_when_the_limit_is
     s = sl.initial_state({"concurrency_limit": 40})
     _, d = sl.decide(s, obs(**slow, in_flight=12))   # 12 in flight under a limit of 40
     assert d.changes == {} and "under half the limit" in d.reason
+
+
+def test_slotune_holds_a_cut_while_the_queue_it_left_drains():
+    """The queue an old limit let build drains at the new one over as many windows as it is
+    deep: while P99 falls a tenth or more a window, a second cut would halve a limit that holds."""
+    sl = P["slotune"]
+    s = sl.initial_state({"concurrency_limit": 32})
+    s, d = sl.decide(s, obs(p99=0.9, queue_p99=0.6, in_flight=32))          # cut to 16
+    s, d = sl.decide(s, obs(p99=0.9, queue_p99=0.6, in_flight=16))          # the window after it: held
+    for p99 in (0.8, 0.7):                                                   # falling: held
+        s, d = sl.decide(s, obs(p99=p99, queue_p99=p99 - 0.3, in_flight=16))
+        assert d.changes == {} and "its queue drains" in d.reason and s.limit == 16.0
+    s, d = sl.decide(s, obs(p99=0.68, queue_p99=0.38, in_flight=16))        # no longer falling: cut
+    assert d.changes["concurrency_limit"] < 16.0
 
 
 def test_slotune_judges_a_cut_on_the_window_after_the_one_it_held():
