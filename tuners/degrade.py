@@ -2,7 +2,8 @@
 calls, fewer tokens) that holds its P99 under the SLO with the fewest degraded answers,
 degrading before the throttle refuses where that pays: where a second degrading carries
 more worth (a degraded answer worth `degraded_worth` of a full one) than full answers
-alone carry when the service is busy (verdict(), from the service's own windows).
+alone carry when the service is busy (verdict(), from the service's own windows and two
+trials of a few seconds: degrading the excess, then, where that could pay, everything).
 
 Setting it changes: "degrade_ratio" (0..1; 1 = every answer degraded). Beside the
 throttle, through the window only: slotune's dimmer acts on a share of the queue wait the
