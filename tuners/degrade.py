@@ -18,6 +18,7 @@ window P99, the setpoint 0.75 x SLO (under the throttle's 0.8), alpha kept posit
 at most P0 (at theta = 0 the estimator learns nothing and P would grow without bound)."""
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -69,13 +70,19 @@ class Verdict:
     """Whether degrading answers lets the service carry more worth a second than full
     answers alone, from its busy windows and two trials: degrading the excess over what full
     answers carry (`mixed`), and degrading everything (`whole`), each None until tried."""
-    pays: bool | None = None
     full_rps: float = math.nan       # full answers a second it carried busy, degrading nothing
     worth_rps: float = math.nan      # the most worth a second a trial carried
     why: str = "no busy window yet"
     mixed: bool | None = None        # degrading the excess carried more worth than full answers alone
     whole: bool | None = None        # degrading every answer did
     full_most_rps: float = math.nan  # the most full answers a second any busy window carried
+
+    @property
+    def pays(self) -> bool | None:
+        """True once either trial paid, False once both did not, None until then."""
+        if self.mixed or self.whole:
+            return True
+        return False if self.mixed is False and self.whole is False else None
 
     @property
     def full_known(self) -> bool:
@@ -122,14 +129,8 @@ def verdict(busy: list[Busy], worth: float) -> Verdict:
     head = f"busy with full answers alone, {full_rps:.0f}/s"
     tried = [f"degrading the excess, {mixed_rps:.0f} worth/s"] * (mixed is not None) \
         + [f"degrading all, {whole_rps:.0f} worth/s"] * (whole is not None)
-    if mixed or whole:
-        pays: bool | None = True
-    elif mixed is False and whole is False:
-        pays = False
-    else:
-        pays = None
     worth_rps = max((w for w in (mixed_rps, whole_rps) if math.isfinite(w)), default=math.nan)
-    return Verdict(pays, full_rps, worth_rps, "; ".join([head, *tried]) if tried else f"{head}; no trial yet",
+    return Verdict(full_rps, worth_rps, "; ".join([head, *tried]) if tried else f"{head}; no trial yet",
                    mixed, whole, max(full))
 
 
@@ -355,7 +356,7 @@ def has_room(ratio: float, v: Verdict, offered_rps: float, worth: float) -> bool
 
 def load(i: Inputs) -> float:
     """Queries offered a second (answered and refused) over the last LOAD_S."""
-    ws = [w for w in i.history if w.end > i.now - LOAD_S and w.seconds]
+    ws = list(itertools.takewhile(lambda w: w.end > i.now - LOAD_S, reversed(i.history)))   # newest last
     seconds = sum(w.seconds for w in ws)
     return sum(w.requests + w.rejected for w in ws) / seconds if seconds else 0.0
 

@@ -185,8 +185,8 @@ class ControlLoop:
             since = sc.last_decision.get(tconf.name, now - tconf.interval_s)
             sc.last_decision[tconf.name] = now
             recent = interval.since(name, since)
-            at_proxy = interval.since(sc.conf.admission_by, since) if sc.conf.admission_by else None
             if recent.windows:
+                at_proxy = interval.since(sc.conf.admission_by, since) if sc.conf.admission_by else None
                 entries += self._decide(sc, tconf, interval, recent, at_proxy)
         return entries
 

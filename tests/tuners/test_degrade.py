@@ -12,7 +12,8 @@ P = degrade.POLICIES
 START = {"degrade_ratio": 0.0}
 
 
-PAYS = degrade.Verdict(True, 125.0, 150.0, "degrading, it carried 150 worth/s; busy with full answers alone, 125/s")
+PAYS = degrade.Verdict(125.0, 150.0, "degrading, it carried 150 worth/s; busy with full answers alone, 125/s",
+                      mixed=True)
 
 
 def obs(p99=0.5, slo=1.0, arrival=100.0, completed=100.0, degraded=0.0, refused=0.0, queue=None, now=1.0,
@@ -56,7 +57,7 @@ def test_degrading_pays_when_it_carries_more_worth_than_full_answers_alone():
 
 
 def test_slotune_tries_degrading_the_excess_then_everything_where_that_could_pay():
-    sl, unknown = P["slotune"], degrade.Verdict(None, 100.0, why="busy with full answers alone, 100/s",
+    sl, unknown = P["slotune"], degrade.Verdict(100.0, why="busy with full answers alone, 100/s",
                                                 full_most_rps=110.0)
     # 150 offered over the 100 full answers carried busy, a queue over budget: degrade all but 0.9 x 100
     s, d = sl.decide(degrade.SlotuneState(0.0), obs(p99=0.9, queue=0.5, arrival=150.0, verdict=unknown))
@@ -66,7 +67,7 @@ def test_slotune_tries_degrading_the_excess_then_everything_where_that_could_pay
     assert s.ratio == 0.0 and d.changes == {}
     # the excess did not pay; degrading all carries at most 0.5 x 150 = 75 worth/s, under the 110 full
     # answers alone carried in their best busy second: not tried
-    excess_not = degrade.Verdict(None, 100.0, 70.0, "busy ...", mixed=False, full_most_rps=110.0)
+    excess_not = degrade.Verdict(100.0, 70.0, "busy ...", mixed=False, full_most_rps=110.0)
     s, d = sl.decide(degrade.SlotuneState(0.4), obs(p99=0.9, queue=0.5, arrival=150.0, verdict=excess_not))
     assert d.changes == {"degrade_ratio": 0.0} and "does not pay at 150 queries/s" in d.reason
     assert not degrade.has_room(0.0, excess_not, 150.0, 0.5)
@@ -79,7 +80,8 @@ def test_slotune_tries_degrading_the_excess_then_everything_where_that_could_pay
 def test_slotune_lets_through_at_most_nine_tenths_of_what_full_answers_alone_carried_busy():
     # 50 full answers/s carried busy: growing from 60, the full rate stops at 45 (issue 43's e2e
     # step overshot capacity by growing x1.1 a tick while the queue's P99 lagged)
-    carried = degrade.Verdict(True, 50.0, 60.0, "degrading, it carried 60 worth/s; busy with full answers alone, 50/s")
+    carried = degrade.Verdict(50.0, 60.0, "degrading, it carried 60 worth/s; busy with full answers alone, 50/s",
+                              mixed=True)
     s, d = P["slotune"].decide(degrade.SlotuneState(0.4, 60.0), obs(p99=0.3, queue=0.0, arrival=100.0,
                                                                     verdict=carried))
     assert s.full_rps == pytest.approx(45.0) and d.changes["degrade_ratio"] == pytest.approx(0.55)
@@ -92,7 +94,7 @@ def test_slotune_lets_through_at_most_nine_tenths_of_what_full_answers_alone_car
 
 def test_slotune_degrades_nothing_until_full_answers_alone_were_seen_busy_nor_where_degrading_does_not_pay():
     sl = P["slotune"]
-    for verdict in (degrade.Verdict(), degrade.Verdict(False, 100.0, 70.0, "busy, degrading carried 70 ...",
+    for verdict in (degrade.Verdict(), degrade.Verdict(100.0, 70.0, "busy, degrading carried 70 ...",
                                                       False, False)):
         s, d = sl.decide(degrade.SlotuneState(0.6, 40.0), obs(p99=0.9, queue=0.5, arrival=150.0, verdict=verdict))
         assert s == degrade.SlotuneState(0.0) and d.changes == {"degrade_ratio": 0.0}
