@@ -137,7 +137,8 @@ def test_status_shows_an_ebpf_only_fastapi_app_and_redis(redis_port, app_port, d
         pinger.join()
     after = r.info("commandstats")["cmdstat_get"]["calls"], r.info("stats")
     steady = per_second(records, start + 3.0, end)
-    counts, p50s, p99s, slowest = zip(*steady)
+    counts, p50s, p99s, _ = zip(*steady)
+    slowest_of_all = max(seconds for _, _, seconds, _ in records)
     print(f"client per second: {min(counts)}..{max(counts)} requests, P50 {min(p50s) * 1e3:.1f}.."
           f"{max(p50s) * 1e3:.1f} ms, P99 {min(p99s) * 1e3:.1f}..{max(p99s) * 1e3:.1f} ms; "
           f"paced PINGs P10 {np.percentile(pings, 10) * 1e3:.2f}, P50 {np.median(pings) * 1e3:.2f}, "
@@ -150,8 +151,10 @@ def test_status_shows_an_ebpf_only_fastapi_app_and_redis(redis_port, app_port, d
         # 3 in 4 requests sleep SLEEP_S: the kernel's P50 is one of them, the client's adds loopback and aiohttp
         assert SLEEP_S * 0.95 <= p50 <= max(p50s) + 0.002, (p50, p50s)
         # each request's kernel time lies inside its client time; 50 a second make P99 the slowest or
-        # next to it, which the client's interpolated P99 halves when one stands out (315 vs 278 ms seen)
-        assert 0.8 * min(p99s) <= p99 <= 1.1 * max(slowest), (p99, p99s, slowest)
+        # next to it, which the client's interpolated P99 halves when one stands out (315 vs 278 ms seen).
+        # The daemon's window may hold the last, partial second that per_second leaves out (28 ms
+        # there against 24 ms in the whole seconds, seen on a busy host): the bound is every request's
+        assert 0.8 * min(p99s) <= p99 <= 1.1 * slowest_of_all, (p99, p99s, slowest_of_all)
         # Redis speaks RESP: no request of its own is timed; its round trip is the app's sockets' RTT to it
         assert cache[1:3] == ["-", "-"] and cache[4] == "0.0"
         rtt = float(cache[5]) / 1e3
