@@ -160,14 +160,14 @@ def test_too_few_windows_say_warming_up_and_name_no_cause():
 
 
 def test_a_service_that_talks_but_is_never_timed_says_why_not_warming_up():
-    # A Redis found by port, watched by the http family: TCP traffic, no request it can time.
-    # It said "warming up" for ever, so its caller could never name it.
+    # A memcached found by port: TCP traffic, no request a family can time. It said
+    # "warming up" for ever, so its caller could never name it.
     talking = {("tcp_rtt", "app"): per_event(0.001)}
-    silent = [Window("redis", t, t + 1.0, 0.5, histograms=dict(talking)) for t in range(12)]
-    e = explain("redis", {"redis": silent}, recent_s=1.0)
-    assert "no request timed" in e.verdict and "HTTP/1" in e.verdict and "warming up" not in e.verdict
-    idle = [Window("redis", t, t + 1.0, 0.5) for t in range(12)]
-    assert "warming up" in explain("redis", {"redis": idle}, recent_s=1.0).verdict   # idle: nothing to time yet
+    silent = [Window("cache", t, t + 1.0, 0.5, histograms=dict(talking)) for t in range(12)]
+    e = explain("cache", {"cache": silent}, recent_s=1.0)
+    assert "no request timed" in e.verdict and "HTTP/1, Redis" in e.verdict and "warming up" not in e.verdict
+    idle = [Window("cache", t, t + 1.0, 0.5) for t in range(12)]
+    assert "warming up" in explain("cache", {"cache": idle}, recent_s=1.0).verdict   # idle: nothing to time yet
 
 
 def test_a_downstream_that_can_never_be_timed_is_said_at_start_with_the_fix(tmp_path):
@@ -176,10 +176,12 @@ def test_a_downstream_that_can_never_be_timed_is_said_at_start_with_the_fix(tmp_
     text = """[services.app]
 cmdline = "app"
 slo_p99_ms = 100
-downstream = ["redis", "api", "web", "pg"]
+downstream = ["redis", "cache", "api", "web", "pg"]
 [services.redis]
 port = 6379
 slo_p99_ms = 10
+[services.cache]
+port = 11211
 [services.pg]
 cmdline = "^/usr/lib/postgresql/16/bin/postgres -D"
 [services.web]
@@ -193,18 +195,20 @@ latency_metric = "api_request_duration_seconds"
 """
     (tmp_path / "slotune.toml").write_text(text)
     cfg = config.load(tmp_path / "slotune.toml")
-    # The http family on (the default): it times HTTP/1, so web can be timed; Redis and
-    # PostgreSQL never; api has its own latency histogram, whatever it speaks.
+    # Every family on (the default): http times HTTP/1, so web can be timed, and redis Redis;
+    # memcached and PostgreSQL never; api has its own latency histogram, whatever it speaks.
     lines = timeable.downstream_lines(cfg.services, process.untimeable(cfg))
     assert len(lines) == 2
-    assert lines[0] == ("service app: downstream redis cannot be timed, so it is never named as app's cause: found "
-                        "by port 6379, it is a Redis server, and no probe family of slotune times Redis requests; "
-                        "to time it, give redis a metrics_url with its latency histogram (latency_metric), or "
-                        "remove it from app's downstream")
+    assert lines[0] == ("service app: downstream cache cannot be timed, so it is never named as app's cause: found "
+                        "by port 11211, it is a memcached server, and no probe family of slotune times memcached "
+                        "requests; to time it, give cache a metrics_url with its latency histogram (latency_metric), "
+                        "or remove it from app's downstream")
     assert "downstream pg cannot be timed" in lines[1] and "found by cmdline postgres" in lines[1]
-    # Without a family that times HTTP/1, web has no timing either, and the line says how to get one.
+    # Without the redis family, Redis is not timed; without http, web is not either, and the line
+    # says how to get it.
+    assert "redis" in timeable.untimeable(cfg.services, ("HTTP/1",))
     off = timeable.untimeable(cfg.services, ())
-    assert sorted(off) == ["app", "pg", "redis", "web"] and "turn on the http family" in off["web"]
+    assert sorted(off) == ["app", "cache", "pg", "redis", "web"] and "turn on the http family" in off["web"]
 
 
 def test_the_daemon_says_each_downstream_that_cannot_be_timed_once_per_config(tmp_path, caplog):
@@ -215,20 +219,20 @@ def test_the_daemon_says_each_downstream_that_cannot_be_timed_once_per_config(tm
     text = f"""[daemon]
 audit_log = "{tmp_path}/audit.jsonl"
 baseline_store = "{tmp_path}/baselines.sqlite"
-[services.redis]
-port = 6379
+[services.cache]
+port = 11211
 [services.app]
 cmdline = "app"
 """
     path.write_text(text)
     daemon = Daemon(config.load(path), collectors=[])
     try:
-        assert set(daemon.untimeable) == {"redis"}      # what the explanations are given
+        assert set(daemon.untimeable) == {"cache"}      # what the explanations are given
         with caplog.at_level(logging.WARNING, logger="slotune.process"):
-            path.write_text(text + 'downstream = ["redis"]\n')
+            path.write_text(text + 'downstream = ["cache"]\n')
             assert daemon.reload()
             said = [r.message for r in caplog.records if "cannot be timed" in r.message]
-            assert said and said[0].startswith("service app: downstream redis cannot be timed")
+            assert said and said[0].startswith("service app: downstream cache cannot be timed")
             assert daemon.reload()                        # the same config again: nothing new to say
         assert len([r for r in caplog.records if "cannot be timed" in r.message]) == 1
     finally:

@@ -453,8 +453,8 @@ class _Explainer:
         talking = [w for w in windows if any(sig == signals.TCP_RTT and h.count for (sig, _), h in w.histograms.items())]
         if not what and not answered and len(talking) > MIN_BASELINE_SPANS:
             return Explanation(service, f"{name}: {len(talking)} windows with TCP traffic but no request timed: its "
-                                        f"protocol is none the http family times (HTTP/1), and its own metrics give "
-                                        f"no latency", what=what)
+                                        f"protocol is none slotune's families time (HTTP/1, Redis), and its own "
+                                        f"metrics give no latency", what=what)
         if answered and answered[-1].end <= self.now - self.recent_s and len(answered) > MIN_BASELINE_SPANS:
             queued = causes.waiting(windows[-1])
             return Explanation(service, f"{name}: no request timed in the last {self.recent_s:g} s"

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from slotune.attribution import causes
 from slotune.model.columns import column, continued, handed
 from slotune.model.histogram import add_into
-from slotune.model.window import EBPF_ARRIVED, EBPF_LATENCY, Window, merged_latency, merged_tokens
+from slotune.model.window import Window, merged_latency, merged_tokens
 
 TOKENS = {"ttft": "TTFT", "tpot": "TPOT"}   # the token timings explained beside the latency, as users name them
 SAME_REQUESTS = 0.8       # the kernel's request count within this of the service's own: same requests
@@ -65,7 +65,7 @@ def request_timing(w: Window, source: str):
     if source in TOKENS:
         return getattr(w, source)
     if source == "ebpf":
-        return w.histograms.get(EBPF_LATENCY)
+        return w.kernel_latency
     return w.latency if w.latency_source == source else None
 
 
@@ -121,14 +121,14 @@ def _arrivals(w: Window, source: str) -> float:
     """Requests that came in the window. Read from the kernel's request timing ("ebpf"),
     those it saw read, answered or not yet: a stalled server's load counts as it comes,
     and a backlog answered at once is no surge. Else those answered and refused."""
-    return w.counters.get(EBPF_ARRIVED, 0.0) if source == "ebpf" else w.requests + w.rejected
+    return w.kernel_arrived if source == "ebpf" else w.requests + w.rejected
 
 
 def _answered(w: Window, source: str) -> float:
     """Requests answered in the window, refusals among them: those the kernel timed
     ("ebpf"), else those the service counted."""
     if source == "ebpf":
-        h = w.histograms.get(EBPF_LATENCY)
+        h = w.kernel_latency
         return float(h.count) if h is not None else 0.0
     return w.requests + w.rejected
 

@@ -16,7 +16,7 @@ def _ms(v) -> str:
 
 
 def _fine_ms(v) -> str:
-    """A kernel-timed wait in ms, small ones (loopback RTT, run-queue) to 0.01 ms."""
+    """A kernel-timed time in ms, small ones (loopback RTT, run-queue, a cache's commands) to 0.01 ms."""
     if v is None:
         return "-"
     return f"{v * 1e3:.2f}" if v < 0.01 else f"{v * 1e3:.0f}"
@@ -72,7 +72,7 @@ def render(status: dict) -> str:
         settings = " ".join(f"{k}={_setting(v)}" for k, v in sorted(s["settings"].items()))
         if not s["control_reachable"]:
             settings += " (control API down)"
-        rows.append(f"{name:<12} {_ms(s['p50_s']):>7} {_ms(s['p99_s']):>6}{flag} {s['slo_p99_s'] * 1e3:>7.0f} "
+        rows.append(f"{name:<12} {_fine_ms(s['p50_s']):>7} {_fine_ms(s['p99_s']):>6}{flag} {s['slo_p99_s'] * 1e3:>7.0f} "
                     f"{s['rate_rps']:>7.1f} {_fine_ms(s.get('rtt_mean_s')):>7} {_fine_ms(s.get('runqueue_p99_s')):>7}"
                     f"{f' {_tokens(s):<24}' if tokens else ''}  {cause[:28]:<28} {settings}")
     verdicts = [t["verdict"] for s in status["services"].values()

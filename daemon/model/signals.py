@@ -12,6 +12,11 @@ HTTP_WRITE_GAP = "http_write_gap"    # between the writes of one response (the i
 HTTP_STATUS = "http_status"          # responses by status class ("5xx", ...)
 HTTP_REFUSED = "http_refused"        # 429 and 503 answers, timed apart
 HTTP_ARRIVED = "http_arrived"        # requests read as they came, answered or not yet
+# redis family: one command on a watched Redis server's socket.
+REDIS_COMMAND = "redis_command"      # command read to its reply written, by command class
+REDIS_ERRORS = "redis_errors"        # error replies
+REDIS_ARRIVED = "redis_arrived"      # commands read as they came, answered or not yet
+REDIS_BLOCKING = "blocking"          # the command class whose time is someone else's (BLPOP)
 # runqueue, offcpu: the CPU and blocking syscalls.
 RUNQUEUE_WAIT = "runqueue_wait"
 OFFCPU = "offcpu"                    # labelled by syscall class

@@ -3,7 +3,8 @@ collector's Sample for that service merged, plus the service's end-to-end
 latency, and for a service that streams tokens its time to first token (TTFT)
 and time per output token (TPOT). Each of the three is taken from the service's
 own histogram when configured and fine enough around its objective (resolves()),
-else from eBPF (whose 429 and 503 answers are refusals, not fast answers); the
+else from eBPF (whose 429 and 503 answers are refusals, not fast answers; a Redis
+server's commands where it speaks no HTTP); the
 window says which (latency_source, ttft_source, tpot_source). A Window is built
 once and never changed after: later stages share it."""
 from __future__ import annotations
@@ -23,6 +24,8 @@ EBPF_TTFT: Key = (signals.HTTP_FIRST_BYTE, "")     # request to the response's f
 EBPF_TPOT: Key = (signals.HTTP_WRITE_GAP, "")      # between the writes of one response: the inter-token gap
 EBPF_ERRORS: Key = (signals.HTTP_STATUS, "5xx")     # server errors, read from the responses' status lines
 EBPF_ARRIVED: Key = (signals.HTTP_ARRIVED, "")      # requests read as they came, answered or not yet
+REDIS_ERRORS: Key = (signals.REDIS_ERRORS, "")
+REDIS_ARRIVED: Key = (signals.REDIS_ARRIVED, "")
 EBPF_REFUSED = signals.HTTP_REFUSED                 # the 429 and 503 answers, timed apart (also in EBPF_LATENCY)
 EBPF_REFUSED_5XX: Key = (EBPF_REFUSED, "503")  # the refusals among the 5xx
 ERROR_OUTCOMES = ("error",)
@@ -64,6 +67,17 @@ class Window:
         Also what a call hands to the next (daemon/model/columns.py), let go when
         the window leaves the daemon's history."""
         return {}
+
+    @cached_property
+    def kernel_latency(self) -> Histogram | None:
+        """The kernel's timing of the service's requests, whatever they speak: HTTP/1's,
+        else a Redis server's commands (blocking ones aside), or None."""
+        return kernel_timing(self.histograms)
+
+    @property
+    def kernel_arrived(self) -> float:
+        """Requests the kernel saw read (answered or not yet), HTTP/1's and Redis's."""
+        return self.counters.get(EBPF_ARRIVED, 0.0) + self.counters.get(REDIS_ARRIVED, 0.0)
 
     @property
     def seconds(self) -> float:
@@ -147,6 +161,15 @@ def _family(histograms: dict, name: str):
 
 
 
+def kernel_timing(histograms: dict):
+    """HTTP/1's request timing, else a Redis server's commands but the blocking ones
+    (BLPOP, SUBSCRIBE: their time is whoever pushes or publishes), merged; or None."""
+    if EBPF_LATENCY in histograms:
+        return histograms[EBPF_LATENCY]
+    return merged(h for (fam, label), h in histograms.items()
+                  if fam == signals.REDIS_COMMAND and label != signals.REDIS_BLOCKING)
+
+
 def _served(hist, refused):
     """A kernel HTTP histogram without the refusals (429, 503), which http_refused times
     again: the same values in the same buckets, so taking them out is exact. A refusal is
@@ -189,6 +212,8 @@ def build(spec: ServiceSpec, start: float, end: float, samples: list[Sample]) ->
         rejected = sum(h.count for outcome, h in by_outcome if outcome in REJECTED_OUTCOMES)
     if EBPF_LATENCY in histograms and (latency is None or not resolves(latency, spec.slo_p99_s)):
         latency, source, errors, rejected = _ebpf_served(histograms, counters, refused)
+    elif latency is None and (commands := kernel_timing(histograms)) is not None:
+        latency, source, errors = commands, "ebpf", counters.get(REDIS_ERRORS, 0.0)
     ttft, ttft_source = _pick(_family(histograms, spec.ttft_metric) if spec.ttft_metric else None,
                               _served(histograms.get(EBPF_TTFT), refused), spec.slo_ttft_p99_s)
     tpot, tpot_source = _pick(_family(histograms, spec.tpot_metric) if spec.tpot_metric else None,

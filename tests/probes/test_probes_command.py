@@ -76,7 +76,7 @@ def test_watch_prints_a_table_for_the_service(root_only, spawn, tag):
 
 def test_bad_input_names_the_fix():
     assert "expected NAME=MATCH" in run_slotune("probes", "--watch", "--service", "web").stderr
-    assert "known: exec, http, offcpu, runqueue, tcp, tls" in run_slotune("probes", "--print", "--family", "dns").stderr
+    assert "known: exec, http, offcpu, redis, runqueue, tcp, tls" in run_slotune("probes", "--print", "--family", "dns").stderr
     assert "needs at least one --service" in run_slotune("probes", "--watch").stderr
 
 
