@@ -7,7 +7,7 @@ the time to detection.
 
     python bench/attribution_matrix.py                 # 2 runs of each fault, about 9 minutes
     python bench/attribution_matrix.py --runs 5 --faults cpu,queue,surge --json /tmp/matrix.json
-    python bench/attribution_matrix.py --target uvicorn --runs 5   # a FastAPI app, eBPF only
+    python bench/attribution_matrix.py --target uvicorn --runs 5   # a FastAPI app and its Redis, eBPF only
 
 Needs root (eBPF, tc, a network namespace)."""
 from __future__ import annotations
@@ -263,33 +263,43 @@ def reference_stack(args, work: Path) -> Target:
                   work / "slotune.toml", lambda: launcher.stop(stack_cfg.run_dir))
 
 
-def uvicorn_app(args, work: Path) -> Target:
-    """A FastAPI app on uvicorn (bench/thirdparty_app.py) that exports no metrics: slotune
-    sees it through eBPF only."""
-    from reference_stack import launcher
-    port, exporter = launcher.free_ports(2)
-    app = subprocess.Popen([sys.executable, "-m", "uvicorn", "bench.thirdparty_app:app", "--port", str(port),
-                            "--workers", "1", "--no-access-log", "--log-level", "warning"], cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
+def _listening(proc: subprocess.Popen, port: int, what: str) -> None:
     deadline = time.time() + 60
     while True:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
+                return
         except OSError:
-            if time.time() > deadline or app.poll() is not None:
-                app.kill()
-                raise RuntimeError("the uvicorn app did not start listening within 60 s") from None
+            if time.time() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError(f"{what} did not start listening within 60 s") from None
             time.sleep(0.2)
+
+
+def uvicorn_app(args, work: Path) -> Target:
+    """A FastAPI app on uvicorn (bench/thirdparty_app.py) that exports no metrics and reads a
+    real Redis per query: slotune sees both through eBPF only (Redis by the redis family)."""
+    from reference_stack import launcher
+    port, exporter, redis_port = launcher.free_ports(3)
+    cache = subprocess.Popen(["redis-server", "--port", str(redis_port), "--save", "", "--appendonly", "no",
+                              "--dir", str(work)], stdout=subprocess.DEVNULL)
+    _listening(cache, redis_port, "redis-server")
+    app = subprocess.Popen([sys.executable, "-m", "uvicorn", "bench.thirdparty_app:app", "--port", str(port),
+                            "--workers", "1", "--no-access-log", "--log-level", "warning"], cwd=ROOT,
+                           env={**os.environ, "REDIS_PORT": str(redis_port)})
+    url = f"http://127.0.0.1:{port}"
+    _listening(app, port, "the uvicorn app")
     (work / "slotune.toml").write_text(
         daemon_table(exporter, work) + f'[services.app]\ncmdline = "uvicorn bench.thirdparty_app:app --port {port}"\nport = {port}\n'
-        f'slo_p99_ms = 1000.0\n')
+        f'slo_p99_ms = 1000.0\ndownstream = ["cache"]\n[services.app.peers]\n"{redis_port}" = "cache"\n\n'
+        f'[services.cache]\nport = {redis_port}\nslo_p99_ms = 50.0\n')
 
     def stop() -> None:
-        app.kill()
-        app.wait()
-    return Target("app", url + "/query", app_faults(url, port, args.rate, APP_CONTEXT_BYTES), work / "slotune.toml",
-                  stop, APP_CONTEXT_BYTES)
+        for proc in (app, cache):
+            proc.kill()
+            proc.wait()
+    return Target("app", url + "/query", app_faults(url, port, args.rate, APP_CONTEXT_BYTES, redis_port),
+                  work / "slotune.toml", stop, APP_CONTEXT_BYTES)
 
 
 TARGETS = {"stack": reference_stack, "uvicorn": uvicorn_app}

@@ -359,9 +359,39 @@ class AppSleep(Fault):
         self._set(0.0)
 
 
-def app_faults(url: str, port: int, rate: float, context_bytes: int) -> list[Fault]:
-    """The faults for a third-party app watched by eBPF only (bench/thirdparty_app.py on uvicorn),
-    loaded with `rate` requests a second that carry `context_bytes` of context each."""
+@dataclass
+class RedisPause(Fault):
+    """A Redis that stalls in bursts: `CLIENT PAUSE ms ALL` (every client's commands wait,
+    then run) every `every_s` seconds, sent from a connection of its own."""
+    port: int = 0
+    ms: int = 0
+    every_s: float = 0.0
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def _pause(self) -> None:
+        import redis
+        r = redis.Redis(port=self.port)
+        while not self.stop.wait(self.every_s):
+            r.execute_command("CLIENT", "PAUSE", self.ms, "ALL")
+        r.execute_command("CLIENT", "UNPAUSE")
+        r.close()
+
+    def inject(self) -> None:
+        self.stop.clear()
+        self.thread = threading.Thread(target=self._pause, daemon=True)
+        self.thread.start()
+
+    def remove(self) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout=5)
+
+
+def app_faults(url: str, port: int, rate: float, context_bytes: int, redis_port: int) -> list[Fault]:
+    """The faults for a third-party app watched by eBPF only (bench/thirdparty_app.py on uvicorn,
+    reading the Redis at redis_port, watched as `cache`), loaded with `rate` requests a second
+    that carry `context_bytes` of context each."""
     return [
         Fault("clean", "no fault", (("", ""),)),
         NoisyNeighbour("neighbour", f"{NoisyNeighbour.PER_CPU} busy loops per CPU at nice 0, unrelated to the app",
@@ -371,6 +401,9 @@ def app_faults(url: str, port: int, rate: float, context_bytes: int) -> list[Fau
               (("app", "offered_load"),), url=url + "/query", rate=APP_SURGE * rate, context_bytes=context_bytes),
         AppSleep("blocking", "a 10 ms sleep syscall on the event loop per request", (("app", "blocking_syscalls"),),
                  url=url, ms=10.0),
+        # before the network fault, whose shaped queue drains into the next fault's baseline
+        RedisPause("redis", "the app's Redis paused 40 ms (CLIENT PAUSE ALL) every 0.2 s",
+                   (("app", "downstream:cache"), ("cache", "*")), port=redis_port, ms=40, every_s=0.2),
         NetworkQueue("network", "the app's traffic through a 4 Mbit TBF (100 KB) shared with a bulk TCP flow",
                      (("app", "network_rtt"), ("app", "retransmits")), port=port),
     ]
