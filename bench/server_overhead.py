@@ -14,12 +14,14 @@ issue's targets compare (watching nginx, watching nothing, bpftrace) and an A/A
 run, for many short rounds; --compare TREE adds the slotune of another checkout
 (an earlier commit) side by side, watching nginx (with --targets, watching
 nothing too).
+--redis adds a real redis-server under `redis-benchmark -t get,set -c 16`, one
+command a round trip and 16 pipelined (the `redis` family walks every command).
 --sched-pipe adds a context-switch-heavy process slotune does not watch
 (`perf bench sched pipe`), beside bpftrace's runqlat; --empty adds empty
 programs on slotune's attach points, what attaching there costs alone.
 
     python -m bench.server_overhead [--rounds 5] [--seconds 5] [--handler static|sleep|both]
-                                    [--gateway] [--sched-pipe] [--empty] [--targets] [--bpf-stats]
+                                    [--gateway] [--redis] [--sched-pipe] [--empty] [--targets] [--bpf-stats]
                                     [--compare TREE]"""
 from __future__ import annotations
 
@@ -450,6 +452,59 @@ def nginx_rounds(args, work: Path) -> list[str]:
     return out
 
 
+def redis_benchmark(port: int, requests: int, pipeline: int, cpu: int | None) -> float:
+    """redis-benchmark's GET and SET, `requests` each, 16 clients: their mean rate, commands/s."""
+    pin = ["taskset", "-c", str(cpu)] if cpu is not None else []
+    out = subprocess.run([*pin, "redis-benchmark", "-p", str(port), "-t", "get,set", "-n", str(requests), "-c", "16",
+                          "-P", str(pipeline), "-r", "100000", "--csv"], capture_output=True, text=True,
+                         check=True).stdout
+    rates = [float(row.split(",")[1].strip('"')) for row in out.splitlines()[1:] if row.startswith('"')]
+    if len(rates) != 2:
+        raise RuntimeError(f"redis-benchmark printed no rates:\n{out}")
+    return statistics.mean(rates)
+
+
+def redis_rounds(args, work: Path) -> list[str]:
+    server_cpu, client_cpu = (0, 1) if args.pin else (None, None)
+    port = free_port()
+    pin = ["taskset", "-c", str(server_cpu)] if server_cpu is not None else []
+    server = subprocess.Popen([*pin, "redis-server", "--port", str(port), "--save", "", "--appendonly", "no",
+                               "--dir", str(work)], stdout=subprocess.DEVNULL)
+    out = []
+    try:
+        deadline = time.monotonic() + 10
+        while subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).returncode:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("redis-server did not start")
+            time.sleep(0.1)
+        spec = ServiceSpec("redis", port=port)
+        for pipeline in (1, 16):
+            rate = redis_benchmark(port, 20000 * pipeline, pipeline, client_cpu)     # warm up, and the pace
+            requests = int(rate * args.seconds / 2)      # each of GET and SET: the run lasts about `seconds`
+
+            def measure(requests=requests, pipeline=pipeline):
+                c0 = cpu_s(server.pid)
+                rps = redis_benchmark(port, requests, pipeline, client_cpu)
+                return rps, 1e6 * (cpu_s(server.pid) - c0) / (2 * requests)
+
+            tracers = [Slotune("slotune, all families, watching redis", None, True),
+                       Slotune("slotune, redis family only, watching redis", ["redis"], True),
+                       Slotune("slotune, all families, watching nothing", None, False),
+                       Empty("nothing attached (A/A: the method's own spread)", [])]
+            try:
+                results = alternate(Target(spec, server.pid, port, measure), tracers, args.rounds, args.bpf_stats)
+            finally:
+                for t in tracers:
+                    t.close()
+            out += report(f"redis-server 7, redis-benchmark -t get,set -c 16 -P {pipeline}, {args.rounds} rounds x "
+                          f"~{args.seconds:g} s, {'server on CPU 0, client on CPU 1' if args.pin else 'unpinned'}",
+                          results, args.seconds, unit="cmd")
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    return out
+
+
 def gateway_rounds(args, work: Path) -> list[str]:
     from reference_stack import launcher
     from reference_stack.loadgen import closed_loop
@@ -523,6 +578,7 @@ def main(argv=None) -> int:
     ap.add_argument("--handler", choices=("static", "sleep", "both"), default="static")
     ap.add_argument("--gateway", action="store_true", help="also the reference gateway")
     ap.add_argument("--no-nginx", dest="nginx", action="store_false", help="no nginx rounds")
+    ap.add_argument("--redis", action="store_true", help="also a real redis-server under redis-benchmark")
     ap.add_argument("--sched-pipe", action="store_true",
                     help="also a context-switch-heavy process slotune does not watch (perf bench sched pipe)")
     ap.add_argument("--no-pin", dest="pin", action="store_false", help="leave nginx and wrk unpinned")
@@ -550,6 +606,8 @@ def main(argv=None) -> int:
                 lines += nginx_rounds(args, Path(tmp))
             if args.gateway:
                 lines += gateway_rounds(args, Path(tmp))
+            if args.redis:
+                lines += redis_rounds(args, Path(tmp))
             if args.sched_pipe:
                 lines += pipe_rounds(args, Path(tmp))
     print(f"server overhead, {started}, {os.cpu_count()} CPUs, load average at the end "

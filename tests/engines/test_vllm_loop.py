@@ -68,7 +68,13 @@ def test_the_throttle_holds_a_real_vllms_ttft_through_a_real_haproxy(engine, tmp
                 if len(x := ttft[(ttft[:, 0] >= t) & (ttft[:, 0] < t + 1)][:, 1])]
     print(f"client TTFT P99 first 6 s {np.quantile(early, 0.99) * 1e3:.0f} ms, per second in the step's last 10 s "
           f"{[round(p * 1e3) for p in late_p99]} ms; {len(refused)} of {len(records)} refused (503)")
-    assert np.quantile(early, 0.99) > TTFT_SLO_MS / 1e3, "the step never pushed TTFT P99 over the objective"
+    # The premise: the step pushed the client's TTFT P99 over the objective in some second before the
+    # throttle's first cut took hold (a second after it). How soon depends on the engine's speed that
+    # run (a step at 2 C once stayed near 0.5 s for its first 10 s, then crossed), so no fixed window.
+    cut = next((t for t, s, _ in trace if s < START), HIGH_S)
+    before_cut = [np.quantile(x, 0.99) for t in range(int(min(cut + 1, HIGH_S)))
+                  if len(x := ttft[(ttft[:, 0] >= t) & (ttft[:, 0] < t + 1)][:, 1])]
+    assert max(before_cut) > TTFT_SLO_MS / 1e3, f"the step never pushed TTFT P99 over the objective: {before_cut}"
     step = [s for t, s, _ in trace if t < HIGH_S]
     after = [s for t, s, _ in trace if t >= HIGH_S + 1]
     assert min(step) <= START // 2, f"the throttle never cut HAProxy's maxconn: {step}"

@@ -47,7 +47,7 @@ def test_a_toy_family_added_as_two_files_builds_beside_the_others(root_only, tmp
     (tree / "bpf" / "toy.bpf.c").write_text(TOY_C)
     (tree / "daemon" / "collectors" / "kernel" / "families" / "toy.py").write_text(TOY_PY)
     found, attached, dispatcher = run_in(tree, RUN)
-    assert found == "['exec', 'http', 'offcpu', 'runqueue', 'tcp', 'tls', 'toy'] ['exec', 'toy'] {}"
+    assert found == "['exec', 'http', 'offcpu', 'redis', 'runqueue', 'tcp', 'tls', 'toy'] ['exec', 'toy'] {}"
     assert "'sched:sched_process_exec'" in attached
     assert dispatcher.endswith("'exec_count(old_pid);', 'toy_exec(old_pid);']")
     assert changed(tree) == "?? bpf/toy.bpf.c\n?? daemon/collectors/kernel/families/toy.py\n"

@@ -3,12 +3,19 @@ figure against an account slotune did not write: the commands by class and the e
 replies against Redis's own INFO (commandstats, errorstats), every class's summed time
 between Redis's own execution time (commandstats usec: the floor, as a command's time
 from its read to its reply holds its execution) and the client's clock (the ceiling),
-a slow script against Redis's own SLOWLOG, and a pipeline of 50 GETs read in one go
-counted as 50. The client (tests/probes/workers/redis_calls.py) is a watched service
+a slow script against Redis's own SLOWLOG, and a pipeline of 20 GETs read in one go
+counted as 20. The client (tests/probes/workers/redis_calls.py) is a watched service
 too: its own connection, whose replies look like commands, is never taken for a
-server's."""
+server's. The same again with the Redis in a network namespace of its own (a
+container's), beside a Redis on the same port in another namespace that a client of
+its own keeps busy and that slotune does not watch."""
 import json
+import re
+import subprocess
+import time
+import uuid
 
+import pytest
 import redis
 
 from slotune.model.histogram import slot_bounds
@@ -17,6 +24,7 @@ from slotune.model.signals import REDIS_ARRIVED, REDIS_COMMAND, REDIS_ERRORS
 from slotune.collectors.kernel.families.redis import CLASSES, COMMANDS
 from tests.probes.agreement import record
 from tests.probes.conftest import collected
+from tests.probes.test_tcp import remove_namespace, veth_namespace
 from tests.probes.workers.redis_calls import BLOCK_S, PIPELINED, SINGLE, SPIN_MS
 
 FAMILIES = ["http", "redis", "tls"]      # the socket families together, as the daemon runs them
@@ -45,12 +53,59 @@ def calls(before: dict, after: dict) -> dict[str, tuple[int, float]]:
     return out
 
 
-def test_commands_classed_counted_and_timed_against_redis_own_account(kernel, spawn, tag, redis_port):
-    collector = kernel([ServiceSpec("cache", port=redis_port),
-                        ServiceSpec("app", cmdline=f"redis_calls.py {redis_port} {tag}")], FAMILIES)
-    client = spawn("redis_calls", redis_port, tag)
+@pytest.fixture(params=["here", "own namespace"])
+def cache(request, tmp_path, spawn, tag):
+    """(the watched Redis's ServiceSpec, its address, its port), here or in a namespace of its own
+    beside an unwatched one on the same port, busy with a client of its own."""
+    if request.param == "here":
+        yield ServiceSpec("cache", port=request.getfixturevalue("redis_port")), "127.0.0.1", \
+            request.getfixturevalue("redis_port")
+        return
+    request.getfixturevalue("root_only")
+    port, made = 20000 + uuid.uuid4().int % 20000, []
+    first = 10 + uuid.uuid4().int % 100 * 2
+    try:
+        for i, who in enumerate(("watched", "decoy")):
+            name = f"sltr{uuid.uuid4().hex[:6]}"
+            made.append(name)
+            _, _, addr = veth_namespace(name, f"10.215.{first + i}")
+            (tmp_path / who).mkdir()
+            server = subprocess.Popen(["ip", "netns", "exec", name, "redis-server", "--port", str(port), "--bind",
+                                       addr, "--protected-mode", "no", "--save", "", "--appendonly", "no",
+                                       "--dir", str(tmp_path / who)], stdout=subprocess.DEVNULL)
+            made.append(server)
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    redis.Redis(host=addr, port=port, socket_timeout=1).ping()
+                    break
+                except redis.ConnectionError:
+                    assert server.poll() is None and time.monotonic() < deadline, "redis-server did not start"
+                    time.sleep(0.05)
+            if who == "watched":
+                watched = addr
+            else:
+                busy = spawn("redis_calls", port, f"{tag}-decoy", addr)
+                assert busy.stdout.readline().strip() == "ready"
+                busy.stdin.write("go\n" * 20)   # its rounds run while the watched one's do
+                busy.stdin.flush()
+        # Redis names its process "redis-server <address>:<port>": the address tells the two apart
+        yield ServiceSpec("cache", cmdline=f"^redis-server {re.escape(watched)}:{port}"), watched, port
+    finally:
+        for m in made:
+            if isinstance(m, subprocess.Popen):
+                m.kill()
+                m.wait(timeout=10)
+            else:
+                remove_namespace(m)
+
+
+def test_commands_classed_counted_and_timed_against_redis_own_account(kernel, spawn, tag, cache):
+    spec, host, redis_port = cache
+    collector = kernel([spec, ServiceSpec("app", cmdline=f"redis_calls.py {redis_port} {tag} ")], FAMILIES)
+    client = spawn("redis_calls", redis_port, tag, host)
     assert client.stdout.readline().strip() == "ready"
-    r = redis.Redis(port=redis_port)
+    r = redis.Redis(host=host, port=redis_port)
     r.ping()                                 # connected (and redis-py's CLIENT SETINFO sent) before the first window
     collector.refresh()
     collected(collector)

@@ -3,7 +3,8 @@ against the Redis at argv[1] and prints its own clock's times as one JSON line:
 GETs and SETs one at a time, a pipeline of GETs sent in one write, a large SET that
 crosses many reads, a command that fails, a Lua script that keeps Redis busy for
 SPIN_MS, and a BLPOP that waits BLOCK_S on an empty list. argv[2]: a tag only, so
-that the test can find this process by its command line."""
+that the test can find this process by its command line; argv[3]: Redis's address
+(127.0.0.1 by default)."""
 import json
 import sys
 import time
@@ -24,7 +25,7 @@ def timed(fn, *args):
 
 
 def main():
-    r = redis.Redis(port=int(sys.argv[1]))
+    r = redis.Redis(host=sys.argv[3] if len(sys.argv) > 3 else "127.0.0.1", port=int(sys.argv[1]))
     r.set("text", "hello")
     print("ready", flush=True)
     for line in sys.stdin:
