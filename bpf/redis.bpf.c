@@ -20,8 +20,9 @@
  *                        the first byte of a batch's reply: an error among the
  *                        later replies of a pipelined batch is not seen.
  * Commands are counted by walking the RESP headers of what each read brought,
- * each "*<n>\r\n" or "$<len>\r\n" read from the read's buffer (16 bytes, one user
- * read each) and the bulk strings' bytes jumped over; a bulk string longer than
+ * each "*<n>\r\n" or "$<len>\r\n" read from the read's buffer (24 bytes, one user
+ * read each, which also hold the command's name after its header) and the bulk
+ * strings' bytes jumped over; a bulk string longer than
  * the read carries over to the next reads (skip). What cannot be followed (a
  * header cut by the read's end, more than REDIS_STEPS headers in one read: a
  * pipeline of more than 21 GETs at once, an inline command such as telnet's
@@ -114,13 +115,16 @@ static __always_inline int redis_header(const u64 w[2], u64 have, u8 *type, s64 
     return k + 2;
 }
 
-/* The class of the command whose name is the `len` bytes at user address name: its
- * first REDIS_NAME bytes with bit 5 of each cleared (upper case, for letters), looked
- * up. The length is clamped to 1..8 by arithmetic, not branches. */
-static __always_inline u8 redis_class(u64 name, s64 len)
+/* The class of the command whose name is the `len` bytes starting `at` bytes into the
+ * words w (read with its header: at most 11 + 8 of their 24 bytes): its first REDIS_NAME
+ * bytes with bit 5 of each cleared (upper case, for letters), looked up. The bytes are
+ * taken out of the words and the length clamped to 1..8 by arithmetic, not branches. */
+static __always_inline u8 redis_class(const u64 w[3], u64 at, s64 len)
 {
-    u64 word = 0;
-    bpf_probe_read_user(&word, sizeof(word), (void *)name);
+    u64 s = 8 * at, second = -((s >> 6) & 1);  /* all ones when the name starts in the second word */
+    u64 r = s & 63;
+    u64 a = (w[0] & ~second) | (w[1] & second), b = (w[1] & ~second) | (w[2] & second);
+    u64 word = a >> r | (b << 1) << (63 - r);
     u64 l = (u64)len;
     l += (REDIS_NAME - l) & -((u64)(REDIS_NAME - (s64)l) >> 63);   /* at most 8 */
     l += ((l | -l) >> 63) ^ 1;                                      /* at least 1 */
@@ -158,7 +162,7 @@ static __always_inline u32 redis_walk(struct redis_conn *c, struct sock_io *io)
     for (int step = 0; step < REDIS_STEPS; step++) {
         if (pos >= ret)
             return c->arrived - start;
-        u64 w[2] = {};
+        u64 w[3] = {};                           /* a header, and a command name after it */
         u8 type = 0;
         s64 value = 0;
         int len = bpf_probe_read_user(w, sizeof(w), (void *)(seg[0] + pos)) ? -1
@@ -174,7 +178,7 @@ static __always_inline u32 redis_walk(struct redis_conn *c, struct sock_io *io)
         c->args--;
         if (c->name_next) {
             c->name_next = 0;
-            c->cls = redis_class(seg[0] + pos, value);
+            c->cls = redis_class(w, len, value);
         }
         pos += value + 2;                        /* the bulk string's bytes and CRLF */
         if (pos > ret) {
