@@ -221,18 +221,15 @@ static __always_inline void redis_write(struct redis_conn *c, struct sock_io *io
     if (!c->request_at)
         return;
     u64 took = bpf_ktime_get_ns() - c->request_at;
-    int any = 0;
+    c->request_at = 0;                           /* the next read starts the next batch */
+    if (!c->batch)
+        return;
 #pragma unroll
     for (int cls = 0; cls < REDIS_CLASSES; cls++) {
-        if (c->waiting[cls]) {
+        if (c->waiting[cls])
             hist_add_n(c->service, SIG_REDIS_COMMAND, cls, took, c->waiting[cls]);
-            c->waiting[cls] = 0;
-            any = 1;
-        }
     }
-    c->request_at = 0;                           /* the next read starts the next batch */
-    if (!any)
-        return;
+    c->batch = 0;
     sock_locate(io, nr);
     u32 n;
     u8 first = (u8)sock_head(io, &n);
